@@ -1,0 +1,55 @@
+"""Prompt token counting in the API, so a prompt longer than the context is a 400 at POST.
+
+Loads only the GGUF's vocabulary (no weights), lazily, off the event loop. If
+llama.cpp or the file is not available on the API host, it falls back to a
+lower-bound estimate and the worker enforces the exact limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+from shared.models import gguf_path
+from shared.settings import ModelConfig, Settings
+
+log = logging.getLogger(__name__)
+
+
+class _Vocab(Protocol):
+    def render(self, prompt: str | None, messages: list[dict[str, Any]] | None) -> str: ...
+    def tokenize(self, text: str) -> list[int]: ...
+
+
+class PromptCounter:
+    def __init__(self, settings: Settings):
+        self._settings = settings
+        self._vocabs: dict[str, _Vocab | None] = {}
+        self._lock = asyncio.Lock()
+
+    async def _vocab(self, name: str, cfg: ModelConfig) -> _Vocab | None:
+        if name not in self._vocabs:
+            async with self._lock:
+                if name not in self._vocabs:
+                    self._vocabs[name] = await asyncio.to_thread(self._load, cfg)
+        return self._vocabs[name]
+
+    def _load(self, cfg: ModelConfig) -> _Vocab | None:
+        try:
+            from workers.engines.llamacpp import Vocab
+
+            return Vocab(gguf_path(cfg, self._settings.state_dir), cfg, vocab_only=True)
+        except Exception as exc:  # no llama.cpp or no file here: estimate instead
+            log.warning("exact prompt counting unavailable (%s); estimating", exc)
+            return None
+
+    async def count(self, name: str, cfg: ModelConfig, prompt: str | None,
+                    messages: list[dict[str, Any]] | None) -> int:
+        """Prompt tokens after the chat template; raises ValueError if it cannot be rendered."""
+        vocab = await self._vocab(name, cfg)
+        if vocab is None:
+            text = prompt or "".join(str(m.get("content", "")) for m in messages or [])
+            return len(text.encode()) // 8  # a lower bound: never rejects a prompt that fits
+        rendered = vocab.render(prompt, messages)
+        return len(await asyncio.to_thread(vocab.tokenize, rendered))

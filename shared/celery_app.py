@@ -1,0 +1,76 @@
+"""The Celery app factory, and the task message the API writes itself.
+
+Celery carries only the job id; the request lives in the job record. The API
+does not publish through kombu (a blocking client): it builds the same
+protocol-2 message kombu's Redis transport would LPUSH and writes it in the
+same Lua script as the job record, so a 202 means both are in Redis.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from typing import Any
+
+from celery import Celery
+
+from shared import keys
+from shared.jobs import dumps
+from shared.settings import Settings
+
+GENERATE_TASK = "tokenq.generate"
+
+
+def create_celery(settings: Settings) -> Celery:
+    url = settings.require_redis_url()
+    app = Celery("tokenq", broker=url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        result_backend=None,
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=keys.queue(settings.default_model, "normal"),
+        task_create_missing_queues=True,
+        broker_connection_retry_on_startup=True,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        broker_transport_options={
+            # Consume a model's queues strictly in the order given: high, normal, low.
+            "queue_order_strategy": "priority",
+            # A job that outlives this is redelivered; the lease makes the copy drop itself.
+            "visibility_timeout": 3600,
+        },
+    )
+    return app
+
+
+def task_message(app: Celery, job_id: str, queue: str) -> str:
+    """The JSON kombu's Redis transport stores in the queue list for generate(job_id)."""
+    task_id = str(uuid.uuid4())
+    msg: Any = app.amqp.as_task_v2(
+        task_id, GENERATE_TASK, args=(job_id,), kwargs={}, argsrepr=repr((job_id,)),
+        kwargsrepr="{}", origin="tokenq-api",
+    )
+    body = base64.b64encode(dumps(list(msg.body)).encode()).decode()
+    properties = dict(msg.properties)
+    properties.update(
+        delivery_mode=2,
+        delivery_info={"exchange": "", "routing_key": queue},
+        priority=0,
+        body_encoding="base64",
+        delivery_tag=str(uuid.uuid4()),
+    )
+    return dumps(
+        {
+            "body": body,
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": msg.headers,
+            "properties": properties,
+        }
+    )

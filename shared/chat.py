@@ -1,0 +1,31 @@
+"""Chat templates: messages -> prompt text, with the model's own Jinja template."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from jinja2 import Template
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+@lru_cache(maxsize=16)
+def _compile(source: str) -> Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+def render_chat(template: str | None, messages: list[dict[str, Any]], bos: str, eos: str) -> str:
+    if not template:
+        raise ValueError("this model has no chat template; send 'prompt' instead of 'messages'")
+    return _compile(template).render(
+        messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos
+    )

@@ -1,0 +1,90 @@
+"""Domain errors, one line each. api/errors.py maps them to OpenAI's envelope."""
+
+from __future__ import annotations
+
+
+class TokenqError(Exception):
+    """Base class: a message for the client, an OpenAI error type/code and an HTTP status."""
+
+    status = 500
+    type = "server_error"
+    code: str | None = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+
+class InvalidRequest(TokenqError):
+    """The request cannot be served as written (400)."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """Prompt plus max_tokens does not fit the model's context (400)."""
+
+    code = "context_length_exceeded"
+
+
+class Unauthorized(TokenqError):
+    """Missing or unknown API key (401)."""
+
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(TokenqError):
+    """Unknown job, model or file, or another tenant's (404)."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    """The model is not served here (404)."""
+
+    code = "model_not_found"
+
+
+class Conflict(TokenqError):
+    """The object is not in a state that allows this (409)."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+
+
+class PayloadTooLarge(TokenqError):
+    """Body over the configured limit (413)."""
+
+    status = 413
+    type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class QueueFull(TokenqError):
+    """The model's queue is over its limit; retry later (429)."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "queue_full"
+
+    def __init__(self, message: str, *, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class NoWorker(TokenqError):
+    """No live worker serves this model (503)."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "no_worker"

@@ -1,0 +1,125 @@
+"""The job state machine, lease and fencing, as Redis scripts both sides run.
+
+Every transition is one Lua script, so it is atomic in Redis:
+
+    create   (api)     record + Celery message + `queued` event, or refuse if the queue is full
+    acquire  (worker)  queued|running-without-lease -> running, attempts += 1, lease set,
+                       `started` event; or drop (terminal, live lease), expire or exhaust
+    append   (worker)  token events, only while `attempts` still equals the writer's attempt
+    finish   (worker)  running -> succeeded|failed|cancelled with its terminal event, once
+    cancel   (api)     queued -> cancelled at once; running -> cancel_requested=1
+    renew    (worker)  extend the lease only while it is still ours
+
+The attempt check on every worker write is the fence: a worker that lost its
+lease (paused, partitioned) and comes back cannot write into a stream that a
+newer attempt now owns.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+_TERMINAL = "state == 'succeeded' or state == 'failed' or state == 'cancelled' or state == 'expired'"
+
+CREATE = """
+local depth = redis.call('LLEN', KEYS[3])
+if tonumber(ARGV[3]) > 0 and depth >= tonumber(ARGV[3]) then return {-1, depth} end
+local fields = cjson.decode(ARGV[1])
+for k, v in pairs(fields) do redis.call('HSET', KEYS[1], k, v) end
+redis.call('LPUSH', KEYS[3], ARGV[2])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'e', 'queued',
+           'd', cjson.encode({position = depth}))
+redis.call('ZADD', KEYS[4], ARGV[5], fields['id'])
+return {1, depth}
+"""
+
+ACQUIRE = f"""
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return {{'missing'}} end
+if {_TERMINAL} then return {{'terminal'}} end
+if redis.call('EXISTS', KEYS[3]) == 1 then return {{'busy'}} end
+local now = ARGV[4]
+local function terminate(st, code, msg)
+  redis.call('HSET', KEYS[1], 'state', st, 'finished_at', now,
+             'error', cjson.encode({{code = code, message = msg}}))
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'e', 'error',
+             'd', cjson.encode({{code = code, message = msg}}))
+  redis.call('EXPIRE', KEYS[1], ARGV[6])
+  redis.call('EXPIRE', KEYS[2], ARGV[6])
+end
+local deadline = redis.call('HGET', KEYS[1], 'deadline')
+if deadline and deadline ~= '' and tonumber(now) > tonumber(deadline) then
+  terminate('expired', 'expired', 'the job passed its deadline before it could run')
+  return {{'expired'}}
+end
+local attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
+if attempts >= tonumber(ARGV[3]) then
+  terminate('failed', 'max_attempts',
+            'the job was attempted ' .. attempts .. ' times and its worker died each time')
+  return {{'exhausted'}}
+end
+attempts = attempts + 1
+redis.call('HSET', KEYS[1], 'state', 'running', 'attempts', attempts, 'worker', ARGV[1])
+if not redis.call('HGET', KEYS[1], 'started_at') then
+  redis.call('HSET', KEYS[1], 'started_at', now)
+end
+redis.call('SET', KEYS[3], ARGV[1] .. '|' .. attempts, 'PX', ARGV[2])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'e', 'started',
+           'd', cjson.encode({{attempt = attempts, worker = ARGV[1]}}))
+return {{'ok', attempts, redis.call('HGET', KEYS[1], 'spec'),
+        redis.call('HGET', KEYS[1], 'cancel_requested') or '0'}}
+"""
+
+APPEND = """
+if redis.call('HGET', KEYS[1], 'attempts') ~= ARGV[1] then return 0 end
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
+for i = 3, #ARGV, 2 do
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'e', 'token', 'd', ARGV[i], 't', ARGV[i + 1])
+end
+return 1
+"""
+
+FINISH = """
+if redis.call('HGET', KEYS[1], 'attempts') ~= ARGV[1] then return 0 end
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
+local fields = cjson.decode(ARGV[3])
+redis.call('HSET', KEYS[1], 'state', ARGV[2])
+for k, v in pairs(fields) do redis.call('HSET', KEYS[1], k, v) end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[4], 'd', ARGV[5])
+redis.call('DEL', KEYS[3])
+redis.call('EXPIRE', KEYS[1], ARGV[7])
+redis.call('EXPIRE', KEYS[2], ARGV[7])
+return 1
+"""
+
+CANCEL = f"""
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return false end
+if state == 'queued' then
+  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished_at', ARGV[1], 'cancel_requested', '1')
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'e', 'cancelled', 'd', '{{}}')
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  redis.call('EXPIRE', KEYS[2], ARGV[3])
+  return 'cancelled'
+end
+if state == 'running' then redis.call('HSET', KEYS[1], 'cancel_requested', '1') end
+return state
+"""
+
+RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON, the only encoding on the wire and in Redis."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def lease_value(worker: str, attempt: int) -> str:
+    return f"{worker}|{attempt}"

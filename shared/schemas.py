@@ -1,0 +1,168 @@
+"""Wire models: the job request, the job record, and the SSE event payloads."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
+TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
+Priority = Literal["high", "normal", "low"]
+FinishReason = Literal["stop", "length"]
+
+# SSE event names (DESIGN.md, must).
+EVENT_QUEUED = "queued"
+EVENT_STARTED = "started"
+EVENT_TOKEN = "token"
+EVENT_DONE = "done"
+EVENT_ERROR = "error"
+EVENT_CANCELLED = "cancelled"
+TERMINAL_EVENTS: frozenset[str] = frozenset({EVENT_DONE, EVENT_ERROR, EVENT_CANCELLED})
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict[str, Any]]
+
+    @field_validator("content")
+    @classmethod
+    def _flatten_parts(cls, v: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+        if isinstance(v, str):
+            return v
+        texts = []
+        for part in v:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError("only text content parts are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else ""
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class SamplingParams(BaseModel):
+    """What an engine needs besides the prompt; defaults are filled from the model config."""
+
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = None
+
+
+class JobRequest(BaseModel):
+    """Body of POST /v1/jobs. Exactly one of `prompt` and `messages`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    priority: Priority = "normal"
+    response_format: ResponseFormat | None = None
+    metadata: dict[str, str] | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> JobRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' and 'messages'")
+        if self.messages is not None and not self.messages:
+            raise ValueError("'messages' must not be empty")
+        return self
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class JobAccepted(BaseModel):
+    id: str
+    object: Literal["job"] = "job"
+    status: JobState = "queued"
+    model: str
+    created_at: float
+    stream_url: str
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class JobErrorInfo(BaseModel):
+    code: str
+    message: str
+
+
+class JobRecord(BaseModel):
+    """GET /v1/jobs/{id}: the record as stored in the Redis hash tokenq:job:{id}."""
+
+    id: str
+    object: Literal["job"] = "job"
+    owner: str
+    model: str
+    backend: str
+    priority: Priority
+    state: JobState
+    status: JobState
+    attempts: int
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    worker: str | None = None
+    output: str | None = None
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    error: JobErrorInfo | None = None
+    cancel_requested: bool = False
+    metadata: dict[str, str] | None = None
+    request: dict[str, Any]
+
+    @classmethod
+    def from_hash(cls, h: dict[str, str]) -> JobRecord:
+        def opt_float(k: str) -> float | None:
+            return float(h[k]) if h.get(k) else None
+
+        return cls(
+            id=h["id"],
+            owner=h.get("owner", ""),
+            model=h["model"],
+            backend=h.get("backend", ""),
+            priority=h.get("priority", "normal"),  # type: ignore[arg-type]
+            state=h["state"],  # type: ignore[arg-type]
+            status=h["state"],  # type: ignore[arg-type]
+            attempts=int(h.get("attempts", 0)),
+            created_at=float(h["created_at"]),
+            started_at=opt_float("started_at"),
+            finished_at=opt_float("finished_at"),
+            worker=h.get("worker") or None,
+            output=h.get("output"),
+            finish_reason=h.get("finish_reason") or None,  # type: ignore[arg-type]
+            usage=Usage.model_validate_json(h["usage"]) if h.get("usage") else None,
+            error=JobErrorInfo.model_validate_json(h["error"]) if h.get("error") else None,
+            cancel_requested=h.get("cancel_requested") == "1",
+            metadata=json.loads(h["metadata"]) if h.get("metadata") else None,
+            request=json.loads(h["request"]),
+        )

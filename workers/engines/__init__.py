@@ -1,0 +1,1 @@
+"""Engines behind one interface (base.Engine); each engine in its own module."""

@@ -1,0 +1,90 @@
+"""The engine interface: jobs go in with submit(), token deltas come out through a sink.
+
+An engine runs its own loop (thread or event loop). Once per engine step it
+hands the sink one StepOutput holding every in-flight job's new tokens and the
+jobs that finished, so the publisher writes one Redis pipeline per step, not
+one round trip per token per job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from shared.schemas import SamplingParams
+
+EndReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    job_id: str
+    attempt: int
+    params: SamplingParams
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    # Tokens already streamed by an earlier attempt (resume without gap or duplicate).
+    resume_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class TokenDelta:
+    job_id: str
+    attempt: int
+    index: int
+    text: str
+    token_id: int
+
+
+@dataclass(slots=True)
+class Finished:
+    job_id: str
+    attempt: int
+    reason: EndReason
+    prompt_tokens: int
+    completion_tokens: int
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+@dataclass(slots=True)
+class StepOutput:
+    tokens: list[TokenDelta] = field(default_factory=list)
+    finished: list[Finished] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.tokens or self.finished)
+
+
+Sink = Callable[[StepOutput], None]
+
+
+@dataclass(slots=True)
+class EngineStats:
+    running: int
+    waiting: int
+    slots: int
+    kv_cache_usage: float
+
+
+class Engine(Protocol):
+    """What a worker needs from an inference engine."""
+
+    backend: str
+    slots: int
+
+    def start(self, sink: Sink) -> None:
+        """Load the model and start the engine loop; outputs go to `sink`."""
+
+    def submit(self, request: EngineRequest) -> None:
+        """Queue a job; it joins the running batch at the next step."""
+
+    def cancel(self, job_id: str) -> None:
+        """Abort a job; its Finished(reason='cancelled') follows within a step."""
+
+    def stats(self) -> EngineStats:
+        """Running/waiting jobs and KV cache use, for heartbeats and metrics."""
+
+    def close(self) -> None:
+        """Stop the loop and free the model."""

@@ -1,0 +1,342 @@
+"""llama.cpp engine: continuous batching over one llama_batch, one sequence id per job.
+
+The only module that imports llama_cpp. One context with n_seq_max = slots
+(each sequence gets n_ctx / slots cells, as in llama-server). Every step:
+1. take new jobs and cancels from the inbox (a job joins at the next step);
+2. build one batch: the next token of every decoding job, then prompt chunks
+   of jobs being prefilled within what is left of n_batch (chunked prefill, so
+   a long prompt never stalls the decoders);
+3. llama_decode once; sample each sequence from its own row with its own
+   sampler chain (penalties, top-k, top-p, temperature, seeded dist);
+4. hand the sink one StepOutput; free the KV cells of finished sequences.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import queue
+import random
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import llama_cpp as ll
+
+from shared.chat import render_chat
+from shared.settings import ModelConfig
+from workers.engines.base import (
+    EndReason,
+    EngineRequest,
+    EngineStats,
+    Finished,
+    Sink,
+    StepOutput,
+    TokenDelta,
+)
+from workers.engines.detok import Released, TextStream
+
+log = logging.getLogger(__name__)
+
+
+@ll.llama_log_callback  # type: ignore[untyped-decorator]
+def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # noqa: ARG001
+    if level == 4:  # GGML_LOG_LEVEL_ERROR
+        log.error("llama.cpp: %s", text.decode(errors="replace").rstrip())
+
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            ll.llama_log_set(_quiet_log, ctypes.c_void_p(0))  # module-level ref keeps it alive
+            ll.llama_backend_init()
+            _backend_ready = True
+
+
+class Vocab:
+    """Tokenizer and chat template of a GGUF; `vocab_only` loads no weights (for the API)."""
+
+    def __init__(self, path: Path, cfg: ModelConfig, *, vocab_only: bool, n_gpu_layers: int = 0):
+        _init_backend()
+        params = ll.llama_model_default_params()
+        params.vocab_only = vocab_only
+        params.n_gpu_layers = n_gpu_layers
+        model = ll.llama_model_load_from_file(str(path).encode(), params)
+        if not model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        self.model = model
+        self.vocab = ll.llama_model_get_vocab(model)
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        tmpl = ll.llama_model_chat_template(model, None)
+        self.chat_template = cfg.chat_template or (tmpl.decode() if tmpl else None)
+        self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
+        self.bos_text = self._text(ll.llama_vocab_bos(self.vocab))
+        self.eos_text = self._text(ll.llama_vocab_eos(self.vocab))
+
+    def _text(self, tok: int) -> str:
+        if tok < 0:
+            return ""
+        raw = ll.llama_vocab_get_text(self.vocab, tok)
+        return raw.decode(errors="replace") if raw else ""
+
+    def render(self, prompt: str | None, messages: list[dict[str, Any]] | None) -> str:
+        if messages is None:
+            return prompt or ""
+        return render_chat(self.chat_template, messages, self.bos_text, self.eos_text)
+
+    def tokenize(self, text: str) -> list[int]:
+        data = text.encode()
+        # A template that writes the BOS text itself must not get a second BOS.
+        add_special = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
+        buf = (ll.llama_token * (len(data) + 8))()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, len(buf), add_special, True)
+        if n < 0:
+            buf = (ll.llama_token * (-n))()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, len(buf), add_special, True)
+        return list(buf[:n])
+
+    def piece(self, tok: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(self.vocab, tok, buf, 64, 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, tok, buf, -n, 0, False)
+        return buf.raw[:n]
+
+    def is_eog(self, tok: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, tok))
+
+    def close(self) -> None:
+        if self.model:
+            ll.llama_model_free(self.model)
+            self.model = None
+
+
+@dataclass(eq=False)
+class _Seq:
+    req: EngineRequest
+    seq_id: int
+    tokens: list[int]  # prompt (+ resumed tokens) still to prefill, then fed back one by one
+    n_prompt: int
+    sampler: Any
+    text: TextStream
+    n_past: int = 0
+    generated: int = 0
+    emitted: int = 0
+    history: list[int] = field(default_factory=list)
+
+    @property
+    def prefilling(self) -> bool:
+        return len(self.tokens) > 1 or self.n_past == 0
+
+
+class LlamaCppEngine:
+    backend = "llama"
+
+    def __init__(self, cfg: ModelConfig, model_path: Path):
+        self.cfg = cfg
+        self.model_path = model_path
+        self.slots = cfg.n_parallel
+        self.n_ctx_seq = cfg.n_ctx // cfg.n_parallel
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._waiting: list[EngineRequest] = []
+        self._active: dict[int, _Seq] = {}
+        self._free_ids = list(range(self.slots))
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._sink: Sink | None = None
+
+    # -- public interface (any thread) -------------------------------------------------
+    def start(self, sink: Sink) -> None:
+        self._sink = sink
+        self.vocab = Vocab(self.model_path, self.cfg, vocab_only=False,
+                           n_gpu_layers=self.cfg.n_gpu_layers)
+        params = ll.llama_context_default_params()
+        params.n_ctx = self.cfg.n_ctx
+        params.n_batch = self.cfg.n_batch
+        params.n_ubatch = self.cfg.n_ubatch
+        params.n_seq_max = self.slots
+        params.kv_unified = False
+        threads = self.cfg.n_threads or os.cpu_count() or 1
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.flash_attn_type = 1 if self.cfg.flash_attn else 0
+        ctx = ll.llama_init_from_model(self.vocab.model, params)
+        if not ctx:
+            raise RuntimeError("llama.cpp could not create a context")
+        self.ctx = ctx
+        self.mem = ll.llama_get_memory(ctx)
+        self.batch = ll.llama_batch_init(self.cfg.n_batch, 0, 1)
+        self._thread = threading.Thread(target=self._loop, name="llama-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: EngineRequest) -> None:
+        self._inbox.put(("submit", request))
+
+    def cancel(self, job_id: str) -> None:
+        self._inbox.put(("cancel", job_id))
+
+    def stats(self) -> EngineStats:
+        used = sum(s.n_past for s in list(self._active.values()))
+        return EngineStats(running=len(self._active), waiting=len(self._waiting),
+                           slots=self.slots, kv_cache_usage=used / max(1, self.cfg.n_ctx))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._inbox.put(("stop", None))
+        if self._thread:
+            self._thread.join(timeout=10)
+        if getattr(self, "ctx", None):
+            ll.llama_batch_free(self.batch)
+            ll.llama_free(self.ctx)
+            self.ctx = None
+            self.vocab.close()
+
+    # -- engine thread -----------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            out = StepOutput()
+            self._drain_inbox(out, block=not self._active and not self._waiting)
+            self._admit(out)
+            if self._active:
+                self._step(out)
+            if out and self._sink:
+                self._sink(out)
+
+    def _drain_inbox(self, out: StepOutput, block: bool) -> None:
+        try:
+            msg = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, arg = msg
+            if kind == "submit":
+                self._waiting.append(arg)
+            elif kind == "cancel":
+                self._cancel(arg, out)
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _cancel(self, job_id: str, out: StepOutput) -> None:
+        for req in self._waiting:
+            if req.job_id == job_id:
+                self._waiting.remove(req)
+                out.finished.append(Finished(job_id, req.attempt, "cancelled", 0, 0))
+                return
+        for seq in self._active.values():
+            if seq.req.job_id == job_id:
+                self._finish(seq, "cancelled", out)
+                return
+
+    def _admit(self, out: StepOutput) -> None:
+        while self._waiting and self._free_ids:
+            req = self._waiting.pop(0)
+            try:
+                prompt = self.vocab.tokenize(self.vocab.render(req.prompt, req.messages))
+            except Exception as exc:
+                out.finished.append(Finished(req.job_id, req.attempt, "error", 0, 0,
+                                             "bad_prompt", f"could not render the prompt: {exc}"))
+                continue
+            if len(prompt) + 1 > self.n_ctx_seq:
+                out.finished.append(Finished(
+                    req.job_id, req.attempt, "error", len(prompt), 0, "context_length_exceeded",
+                    f"prompt has {len(prompt)} tokens; this worker's context is {self.n_ctx_seq}"))
+                continue
+            seq_id = self._free_ids.pop(0)
+            tokens = prompt + req.resume_token_ids
+            self._active[seq_id] = _Seq(
+                req=req, seq_id=seq_id, tokens=tokens, n_prompt=len(prompt),
+                sampler=self._sampler(req), text=TextStream(req.params.stop,
+                                                            next_index=len(req.resume_token_ids)),
+                generated=len(req.resume_token_ids),
+                emitted=len(req.resume_token_ids), history=list(tokens),
+            )
+
+    def _sampler(self, req: EngineRequest) -> Any:
+        p = req.params
+        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        if p.repetition_penalty != 1.0:
+            ll.llama_sampler_chain_add(
+                chain, ll.llama_sampler_init_penalties(64, p.repetition_penalty, 0.0, 0.0))
+        if p.temperature <= 0.0:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
+            return chain
+        if p.top_k > 0:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(p.top_k))
+        if p.top_p < 1.0:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(p.top_p, 1))
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(p.temperature))
+        seed = p.seed if p.seed is not None else random.getrandbits(32)
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        return chain
+
+    def _step(self, out: StepOutput) -> None:
+        batch, n = self.batch, 0
+        rows: list[tuple[_Seq, int]] = []
+        # Decoders first: one token each keeps every stream moving every step.
+        order = sorted(self._active.values(), key=lambda s: s.prefilling)
+        for seq in order:
+            room = self.cfg.n_batch - n
+            if room <= 0:
+                break
+            take = seq.tokens[:room]
+            for i, tok in enumerate(take):
+                batch.token[n] = tok
+                batch.pos[n] = seq.n_past + i
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = seq.seq_id
+                batch.logits[n] = 0
+                n += 1
+            seq.n_past += len(take)
+            seq.tokens = seq.tokens[len(take):]
+            if not seq.tokens:  # its whole input is in: sample from its last row
+                batch.logits[n - 1] = 1
+                rows.append((seq, n - 1))
+        batch.n_tokens = n
+        rc = ll.llama_decode(self.ctx, batch)
+        if rc != 0:
+            log.error("llama_decode returned %d; failing %d jobs", rc, len(self._active))
+            for seq in list(self._active.values()):
+                self._finish(seq, "error", out, "engine_error", f"llama_decode returned {rc}")
+            return
+        for seq, row in rows:
+            tok = ll.llama_sampler_sample(seq.sampler, self.ctx, row)
+            if self.vocab.is_eog(tok):
+                self._finish(seq, "stop", out)
+                continue
+            seq.generated += 1
+            seq.history.append(tok)
+            self._emit(seq, seq.text.push(tok, self.vocab.piece(tok)), out)
+            if seq.text.stopped:
+                self._finish(seq, "stop", out)
+            elif seq.generated >= seq.req.params.max_tokens or seq.n_past + 1 >= self.n_ctx_seq:
+                self._finish(seq, "length", out)
+            else:
+                seq.tokens = [tok]
+
+    def _emit(self, seq: _Seq, released: list[Released], out: StepOutput) -> None:
+        for r in released:
+            out.tokens.append(TokenDelta(seq.req.job_id, seq.req.attempt, r.index, r.text,
+                                         r.token_id))
+        seq.emitted += len(released)
+
+    def _finish(self, seq: _Seq, reason: EndReason, out: StepOutput,
+                code: str | None = None, message: str | None = None) -> None:
+        if reason in ("stop", "length"):
+            self._emit(seq, seq.text.finish(), out)
+        # usage counts the token events clients saw (a cancel drops held-back tokens)
+        out.finished.append(Finished(seq.req.job_id, seq.req.attempt, reason, seq.n_prompt,
+                                     seq.emitted, code, message))
+        ll.llama_memory_seq_rm(self.mem, seq.seq_id, -1, -1)
+        ll.llama_sampler_free(seq.sampler)
+        del self._active[seq.seq_id]
+        self._free_ids.append(seq.seq_id)

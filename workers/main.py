@@ -1,0 +1,76 @@
+"""Worker entry: a Celery worker (threads pool) that owns exactly one engine and one model.
+
+The engine is built in Celery's `worker_init` hook (before the consumer takes
+a message) and closed in `worker_shutdown`; nothing heavy happens at import.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+import redis
+from celery import signals
+
+from shared import keys
+from shared.celery_app import GENERATE_TASK, create_celery
+from shared.models import gguf_path
+from shared.settings import ModelConfig, Settings
+from workers import tasks
+from workers.engines.base import Engine
+
+log = logging.getLogger(__name__)
+
+
+def select_backend(cfg: ModelConfig) -> str:
+    """auto: NVIDIA GPU -> vllm; no GPU, AMD GPU or an embedding model -> llama."""
+    if cfg.backend != "auto":
+        return cfg.backend
+    if cfg.embedding:
+        return "llama"
+    return "vllm" if os.path.exists("/proc/driver/nvidia/version") else "llama"
+
+
+def build_engine(settings: Settings, model: str) -> Engine:
+    cfg = settings.models()[model]
+    backend = select_backend(cfg)
+    if backend == "llama":
+        from workers.engines.llamacpp import LlamaCppEngine
+
+        if settings.worker_threads:
+            cfg = cfg.model_copy(update={"n_threads": settings.worker_threads})
+        return LlamaCppEngine(cfg, gguf_path(cfg, settings.state_dir))
+    raise SystemExit(f"backend {backend!r} for model {model!r} cannot run in this worker yet")
+
+
+def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
+    if model not in settings.models():
+        raise SystemExit(f"unknown model {model!r}; known: {', '.join(settings.models())}")
+    app = create_celery(settings)
+    app.task(name=GENERATE_TASK, acks_late=True, ignore_result=True)(tasks.generate)
+    cfg = settings.models()[model]
+
+    @signals.worker_init.connect(weak=False)
+    def _start(**_: Any) -> None:
+        r = redis.Redis.from_url(settings.require_redis_url(), decode_responses=True)
+        rt = tasks.WorkerRuntime(settings=settings, model=model, cfg=cfg,
+                                 engine=build_engine(settings, model), r=r)
+        rt.start()
+        tasks.set_runtime(rt)
+
+    @signals.worker_shutdown.connect(weak=False)
+    def _stop(**_: Any) -> None:
+        rt = tasks._runtime
+        if rt is not None:
+            rt.close()
+            tasks.set_runtime(None)
+
+    slots = cfg.n_parallel if select_backend(cfg) == "llama" else cfg.max_num_seqs
+    app.worker_main([
+        "worker", "--pool=threads", f"--concurrency={slots}",
+        "-Q", ",".join(keys.model_queues(model)),
+        "-n", f"{model}@{socket.gethostname()}-{os.getpid()}",
+        f"--loglevel={loglevel}", "--without-gossip", "--without-mingle", "--without-heartbeat",
+    ])

@@ -1,0 +1,161 @@
+"""Turns engine steps into Redis writes: one pipeline per step for all in-flight jobs.
+
+The engine thread only enqueues its StepOutput here (no I/O on the engine
+thread). This thread coalesces whatever steps are waiting, writes every job's
+token events with the fenced APPEND script and every finished job with FINISH,
+in one round trip, then wakes the Celery task threads whose jobs ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import redis
+
+from shared import keys
+from shared.jobs import APPEND, FINISH, dumps
+from shared.schemas import EVENT_CANCELLED, EVENT_DONE, EVENT_ERROR
+from shared.settings import Settings
+from workers.engines.base import Finished, StepOutput, TokenDelta
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class JobHandle:
+    """What a task thread waits on while the engine runs its job."""
+
+    job_id: str
+    attempt: int
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: str = ""  # succeeded | failed | cancelled | fenced
+    text: list[str] = field(default_factory=list)
+    first_token_at: float | None = None
+
+
+class Publisher:
+    def __init__(self, r: redis.Redis, settings: Settings):
+        self._r = r
+        self._settings = settings
+        self._append = r.register_script(APPEND)
+        self._finish = r.register_script(FINISH)
+        self._steps: queue.SimpleQueue[StepOutput | None] = queue.SimpleQueue()
+        self._handles: dict[str, JobHandle] = {}
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="tokenq-publisher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._steps.put(None)
+        self._thread.join(timeout=10)
+
+    def track(self, job_id: str, attempt: int) -> JobHandle:
+        handle = JobHandle(job_id, attempt)
+        with self._lock:
+            self._handles[job_id] = handle
+        return handle
+
+    def untrack(self, job_id: str) -> None:
+        with self._lock:
+            self._handles.pop(job_id, None)
+
+    def tracked(self) -> list[JobHandle]:
+        with self._lock:
+            return list(self._handles.values())
+
+    def sink(self, step: StepOutput) -> None:
+        """Called on the engine thread: hand off and return at once."""
+        self._steps.put(step)
+
+    def _run(self) -> None:
+        while True:
+            step = self._steps.get()
+            if step is None:
+                return
+            merged = StepOutput(list(step.tokens), list(step.finished))
+            while True:  # coalesce steps that queued up while we were writing
+                try:
+                    more = self._steps.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._write(merged)
+                    return
+                merged.tokens.extend(more.tokens)
+                merged.finished.extend(more.finished)
+            try:
+                self._write(merged)
+            except redis.RedisError:
+                log.exception("publisher: Redis write failed; retrying the step once")
+                time.sleep(0.5)
+                try:
+                    self._write(merged)
+                except redis.RedisError:
+                    log.exception("publisher: dropping a step after a second failure")
+
+    def _write(self, step: StepOutput) -> None:
+        s = self._settings
+        by_job: dict[tuple[str, int], list[TokenDelta]] = defaultdict(list)
+        for t in step.tokens:
+            by_job[(t.job_id, t.attempt)].append(t)
+        pipe = self._r.pipeline(transaction=False)
+        appended: list[tuple[str, int]] = []
+        now = time.time()
+        for (job_id, attempt), toks in by_job.items():
+            args: list[str | int] = [attempt, s.stream_maxlen]
+            for t in toks:
+                args += [dumps({"text": t.text, "index": t.index}), t.token_id]
+            self._append(keys=self._job_keys(job_id), args=args, client=pipe)
+            appended.append((job_id, attempt))
+            handle = self._handles.get(job_id)
+            if handle is not None:
+                handle.text.extend(t.text for t in toks)
+                if handle.first_token_at is None:
+                    handle.first_token_at = now
+        for f in step.finished:
+            state, event, data, fields = self._terminal(f)
+            self._finish(keys=self._job_keys(f.job_id),
+                         args=[f.attempt, state, dumps(fields), event, dumps(data),
+                               s.stream_maxlen, s.result_ttl_s], client=pipe)
+        results = pipe.execute()
+        for (job_id, _), ok in zip(appended, results, strict=False):
+            if not ok:
+                log.warning("job %s: token write fenced off (newer attempt or job ended)", job_id)
+        for f, ok in zip(step.finished, results[len(appended):], strict=True):
+            handle = self._handles.get(f.job_id)
+            if handle is not None and handle.attempt == f.attempt:
+                handle.outcome = self._outcome(f) if ok else "fenced"
+                handle.done.set()
+
+    def _terminal(self, f: Finished) -> tuple[str, str, dict[str, object], dict[str, str]]:
+        handle = self._handles.get(f.job_id)
+        fields: dict[str, str] = {"finished_at": repr(time.time())}
+        usage = {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
+                 "total_tokens": f.prompt_tokens + f.completion_tokens}
+        fields["usage"] = dumps(usage)
+        if handle is not None:
+            fields["output"] = "".join(handle.text)
+        if f.reason in ("stop", "length"):
+            fields["finish_reason"] = f.reason
+            return "succeeded", EVENT_DONE, {"finish_reason": f.reason, "usage": usage}, fields
+        if f.reason == "cancelled":
+            return "cancelled", EVENT_CANCELLED, {}, fields
+        err = {"code": f.error_code or "engine_error", "message": f.error_message or "failed"}
+        fields["error"] = dumps(err)
+        return "failed", EVENT_ERROR, err, fields
+
+    @staticmethod
+    def _outcome(f: Finished) -> str:
+        return {"stop": "succeeded", "length": "succeeded", "cancelled": "cancelled"}.get(
+            f.reason, "failed")
+
+    @staticmethod
+    def _job_keys(job_id: str) -> list[str]:
+        return [keys.job(job_id), keys.job_events(job_id), keys.job_lease(job_id)]

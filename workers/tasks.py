@@ -1,0 +1,146 @@
+"""The generate task: take the lease, hand the job to the engine, wait, let go.
+
+Celery runs this on a threads pool with concurrency = engine slots, so one
+worker process keeps that many jobs in flight against its one engine. The task
+thread does no per-token work: the engine emits steps, the publisher writes
+them, and this thread only watches for cancel and waits for the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from shared import keys
+from shared.jobs import ACQUIRE, FINISH, RENEW, dumps, lease_value
+from shared.schemas import EVENT_CANCELLED, SamplingParams
+from shared.settings import ModelConfig, Settings
+from workers.engines.base import Engine, EngineRequest
+from workers.publisher import Publisher
+
+log = logging.getLogger(__name__)
+
+CANCEL_POLL_S = 0.25
+
+
+@dataclass
+class WorkerRuntime:
+    """Everything a worker process owns; built in the worker start hook, never at import."""
+
+    settings: Settings
+    model: str
+    cfg: ModelConfig
+    engine: Engine
+    r: redis.Redis
+    worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    publisher: Publisher = field(init=False)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.publisher = Publisher(self.r, self.settings)
+        self._acquire = self.r.register_script(ACQUIRE)
+        self._renew = self.r.register_script(RENEW)
+        self._finish = self.r.register_script(FINISH)
+        self._heart = threading.Thread(target=self._heartbeat, name="tokenq-heartbeat",
+                                       daemon=True)
+
+    def start(self) -> None:
+        self.publisher.start()
+        self.engine.start(self.publisher.sink)
+        self._beat()
+        self._heart.start()
+        log.info("worker %s serving %s on %s (%d slots)", self.worker_id, self.model,
+                 self.engine.backend, self.engine.slots)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.engine.close()
+        self.publisher.stop()
+        try:
+            self.r.hdel(keys.WORKERS, self.worker_id)
+        except redis.RedisError:
+            pass
+
+    # -- heartbeat and leases ------------------------------------------------------------
+    def _beat(self) -> None:
+        st = self.engine.stats()
+        info = {"model": self.model, "backend": self.engine.backend, "slots": st.slots,
+                "running": st.running, "waiting": st.waiting,
+                "kv_cache_usage": st.kv_cache_usage, "ts": time.time(), "pid": os.getpid()}
+        self.r.hset(keys.WORKERS, self.worker_id, dumps(info))
+
+    def _heartbeat(self) -> None:
+        ttl_ms = int(self.settings.lease_ttl_s * 1000)
+        while not self._stop.wait(self.settings.heartbeat_s):
+            try:
+                self._beat()
+                handles = self.publisher.tracked()
+                pipe = self.r.pipeline(transaction=False)
+                for h in handles:
+                    self._renew(keys=[keys.job_lease(h.job_id)],
+                                args=[lease_value(self.worker_id, h.attempt), ttl_ms], client=pipe)
+                for h, ok in zip(handles, pipe.execute(), strict=True):
+                    if not ok and not h.done.is_set():
+                        log.warning("job %s: lease lost; aborting attempt %d", h.job_id, h.attempt)
+                        h.outcome = "fenced"
+                        self.engine.cancel(h.job_id)
+            except redis.RedisError:
+                log.exception("heartbeat failed")
+
+    # -- the task body -------------------------------------------------------------------
+    def run_job(self, job_id: str) -> str:
+        s = self.settings
+        got = self._acquire(
+            keys=[keys.job(job_id), keys.job_events(job_id), keys.job_lease(job_id)],
+            args=[self.worker_id, int(s.lease_ttl_s * 1000), s.max_attempts, repr(time.time()),
+                  s.stream_maxlen, s.result_ttl_s])
+        status = got[0]
+        if status != "ok":
+            log.info("job %s: not run (%s)", job_id, status)
+            return str(status)
+        attempt, spec = int(got[1]), json.loads(got[2])
+        if got[3] == "1":  # cancelled while its message was on the way
+            self._finish(keys=[keys.job(job_id), keys.job_events(job_id), keys.job_lease(job_id)],
+                         args=[attempt, "cancelled", dumps({"finished_at": repr(time.time())}),
+                               EVENT_CANCELLED, "{}", s.stream_maxlen, s.result_ttl_s])
+            return "cancelled"
+        handle = self.publisher.track(job_id, attempt)
+        try:
+            self.engine.submit(EngineRequest(
+                job_id=job_id, attempt=attempt, prompt=spec.get("prompt"),
+                messages=spec.get("messages"),
+                params=SamplingParams.model_validate(spec["params"])))
+            cancel_sent = False
+            while not handle.done.wait(CANCEL_POLL_S):
+                if not cancel_sent and self.r.hget(keys.job(job_id), "cancel_requested") == "1":
+                    self.engine.cancel(job_id)
+                    cancel_sent = True
+                if handle.outcome == "fenced":
+                    # lease lost: a newer attempt owns the job; wait for the engine to let go
+                    handle.done.wait(5)
+                    break
+            return handle.outcome
+        finally:
+            self.publisher.untrack(job_id)
+
+
+_runtime: WorkerRuntime | None = None
+
+
+def set_runtime(rt: WorkerRuntime | None) -> None:
+    global _runtime
+    _runtime = rt
+
+
+def generate(job_id: str) -> str:
+    """Celery task `tokenq.generate`: run one job on this process's engine."""
+    if _runtime is None:
+        raise RuntimeError("worker runtime is not started")
+    return _runtime.run_job(job_id)
