@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from pathlib import Path
 
 from shared.settings import ModelConfig
@@ -30,3 +31,12 @@ def gguf_path(cfg: ModelConfig, state_dir: Path) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"model file not found: {path}")
     return path
+
+
+def select_backend(cfg: ModelConfig) -> str:
+    """auto: NVIDIA GPU -> vllm; no GPU, AMD GPU or an embedding model -> llama."""
+    if cfg.backend != "auto":
+        return cfg.backend
+    if cfg.embedding:
+        return "llama"
+    return "vllm" if os.path.exists("/proc/driver/nvidia/version") else "llama"

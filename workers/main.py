@@ -16,21 +16,12 @@ from celery import signals
 
 from shared import keys
 from shared.celery_app import GENERATE_TASK, create_celery
-from shared.models import gguf_path
-from shared.settings import ModelConfig, Settings
+from shared.models import gguf_path, select_backend
+from shared.settings import Settings
 from workers import tasks
 from workers.engines.base import Engine
 
 log = logging.getLogger(__name__)
-
-
-def select_backend(cfg: ModelConfig) -> str:
-    """auto: NVIDIA GPU -> vllm; no GPU, AMD GPU or an embedding model -> llama."""
-    if cfg.backend != "auto":
-        return cfg.backend
-    if cfg.embedding:
-        return "llama"
-    return "vllm" if os.path.exists("/proc/driver/nvidia/version") else "llama"
 
 
 def build_engine(settings: Settings, model: str) -> Engine:

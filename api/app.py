@@ -1,0 +1,72 @@
+"""create_app(settings): lifespan (Redis pool, stream hub), routers, error handlers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI
+
+from api import errors
+from api.deps import AppState
+from api.limits import BodyLimit
+from api.routes import jobs, openai, ops
+from api.streams import StreamHub
+from api.tokens import PromptCounter
+from shared.celery_app import create_celery
+from shared.jobs import CANCEL, CREATE
+from shared.settings import Settings, get_settings
+
+log = logging.getLogger("tokenq.api")
+
+
+def parse_api_keys(raw: str | None) -> dict[str, str]:
+    """`key:tenant,key2:tenant2` -> {key: tenant}."""
+    out: dict[str, str] = {}
+    for item in (raw or "").split(","):
+        key, _, tenant = item.strip().partition(":")
+        if key:
+            out[key] = tenant or "default"
+    return out
+
+
+def create_app(settings: Settings | None = None, api_keys: str | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        r = aioredis.Redis.from_url(settings.require_redis_url(), decode_responses=True,
+                                    max_connections=256, health_check_interval=30)
+        hub = StreamHub(r)
+        await hub.start()
+        state = AppState(
+            settings=settings, redis=r, hub=hub, celery=create_celery(settings),
+            models=settings.models(), counter=PromptCounter(settings),
+            api_keys=parse_api_keys(api_keys),
+            scripts={"create": r.register_script(CREATE), "cancel": r.register_script(CANCEL)},
+        )
+        app.state.tokenq = state
+        if not state.api_keys:
+            log.warning("no API keys configured: every caller is tenant 'default'")
+        try:
+            yield
+        finally:
+            await hub.stop()
+            await r.aclose()
+
+    app = FastAPI(title="tokenq", version="0.1.0", lifespan=lifespan)
+    errors.install(app)
+    app.include_router(jobs.router)
+    app.include_router(openai.router)
+    app.include_router(ops.router)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """uvicorn factory: `uvicorn api.app:app_from_env --factory`."""
+    import os
+
+    return create_app(get_settings(), api_keys=os.environ.get("TOKENQ_API_KEYS"))

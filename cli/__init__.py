@@ -1,0 +1,1 @@
+"""The `tokenq` command line."""

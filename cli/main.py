@@ -1,0 +1,84 @@
+"""`tokenq`: up, api, worker, demo."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from shared.settings import Settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="tokenq: queue-backed LLM serving (Redis + Celery + llama.cpp/vLLM).")
+
+
+def _settings(**overrides: object) -> Settings:
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+
+
+def _logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@app.command()
+def up(
+    host: Annotated[str, typer.Option(help="API bind address")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="API port")] = 8000,
+    workers: Annotated[int, typer.Option(help="CPU worker processes per model")] = 1,
+    model: Annotated[list[str] | None, typer.Option(help="model to serve (repeatable)")] = None,
+) -> None:
+    """Run the embedded stack in the foreground: Redis, the API, N workers."""
+    from cli.stack import Stack
+
+    _logging()
+    stack = Stack(_settings(), host=host, port=port, workers=workers, models=model or [])
+    stack.start()
+    raise typer.Exit(stack.run_foreground())
+
+
+@app.command()
+def api(
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option()] = 8000,
+) -> None:
+    """Run only the API (uvicorn); needs TOKENQ_REDIS_URL."""
+    import uvicorn
+
+    _settings().require_redis_url()
+    uvicorn.run("api.app:app_from_env", factory=True, host=host, port=port)
+
+
+@app.command()
+def worker(
+    model: Annotated[str | None, typer.Option(help="the one model this worker serves")] = None,
+    loglevel: Annotated[str, typer.Option()] = "INFO",
+) -> None:
+    """Run one worker process (one engine, one model); needs TOKENQ_REDIS_URL."""
+    from workers.main import run_worker
+
+    settings = _settings()
+    run_worker(settings, model or settings.worker_model or settings.default_model, loglevel)
+
+
+@app.command()
+def demo(
+    port: Annotated[int, typer.Option()] = 8000,
+    transcript: Annotated[str, typer.Option(help="billing-en or delivery-ko")] = "billing-en",
+    max_tokens: Annotated[int, typer.Option()] = 160,
+) -> None:
+    """Start the embedded stack, stream one post-call summary to the terminal, stop."""
+    from cli.demo import run_demo
+
+    _logging("WARNING")
+    raise typer.Exit(run_demo(_settings(), port, transcript, max_tokens))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())  # type: ignore[func-returns-value]

