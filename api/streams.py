@@ -64,6 +64,7 @@ class StreamHub:
         self._wake_key = keys.api_wake(uuid.uuid4().hex)
         self._wake_cursor = "0-0"
         self._has_subs = asyncio.Event()
+        self._closing = False
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -76,10 +77,18 @@ class StreamHub:
         self._task = asyncio.create_task(self._run(), name="tokenq-stream-hub")
 
     async def stop(self) -> None:
+        """Stop cooperatively: a wake entry returns the blocking XREAD at once. (Cancelling
+        a redis-py command mid-read is avoided: it can leave the connection pool stuck.)"""
+        self._closing = True
+        self._has_subs.set()
+        await self._wake()
         if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout=3)
+            except TimeoutError:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
         with contextlib.suppress(RedisError):
             await self._redis.delete(self._wake_key)
 
@@ -88,10 +97,11 @@ class StreamHub:
             await self._redis.xadd(self._wake_key, {"w": "1"}, maxlen=10)
 
     async def _run(self) -> None:
-        while True:
+        while not self._closing:
             if not self._subs:
                 self._has_subs.clear()
                 await self._has_subs.wait()
+                continue
             streams = {self._wake_key: self._wake_cursor, **self._cursor}
             try:
                 resp = await self._redis.xread(streams, block=self._block_ms, count=self._count)

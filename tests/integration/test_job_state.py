@@ -1,0 +1,114 @@
+"""The job state machine's Lua scripts on a real Redis: lease, fencing, one terminal state."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis
+
+from shared import keys
+from shared.jobs import ACQUIRE, APPEND, CANCEL, CREATE, FINISH, RENEW, dumps
+
+JOB = "job_t1"
+K3 = [keys.job(JOB), keys.job_events(JOB), keys.job_lease(JOB)]
+
+
+def create(r: redis.Redis, limit: int = 0, deadline: float | None = None) -> list[Any]:
+    fields = {"id": JOB, "owner": "t", "model": "m", "state": "queued", "attempts": "0",
+              "created_at": repr(time.time()), "spec": "{}", "request": "{}"}
+    if deadline is not None:
+        fields["deadline"] = repr(deadline)
+    out: list[Any] = r.eval(CREATE, 4, keys.job(JOB), keys.job_events(JOB), "q", "tenant",
+                            dumps(fields), "msg", limit, 1000, 1)
+    return out
+
+
+def acquire(r: redis.Redis, worker: str = "w1", max_attempts: int = 3) -> list[Any]:
+    out: list[Any] = r.eval(ACQUIRE, 3, *K3, worker, 60000, max_attempts, repr(time.time()),
+                            1000, 60)
+    return out
+
+
+def finish(r: redis.Redis, attempt: int, state: str = "succeeded", event: str = "done") -> int:
+    return int(r.eval(FINISH, 3, *K3, attempt, state, dumps({"output": "x"}), event, "{}",
+                      1000, 60))
+
+
+def events(r: redis.Redis) -> list[str]:
+    return [f["e"] for _, f in r.xrange(keys.job_events(JOB))]
+
+
+def test_create_writes_record_message_and_queued_event(r: redis.Redis) -> None:
+    assert create(r) == [1, 0]
+    assert r.hget(keys.job(JOB), "state") == "queued"
+    assert r.lrange("q", 0, -1) == ["msg"]
+    assert events(r) == ["queued"]
+    assert json.loads(r.xrange(keys.job_events(JOB))[0][1]["d"]) == {"position": 0}
+
+
+def test_create_refuses_when_queue_full(r: redis.Redis) -> None:
+    r.lpush("q", "a", "b")
+    assert create(r, limit=2) == [-1, 2]
+    assert not r.exists(keys.job(JOB)) and r.llen("q") == 2
+
+
+def test_duplicate_delivery_with_live_lease_drops_itself(r: redis.Redis) -> None:
+    create(r)
+    assert acquire(r, "w1")[:2] == ["ok", 1]
+    assert acquire(r, "w2") == ["busy"]
+    assert r.hget(keys.job(JOB), "attempts") == "1"
+    assert events(r) == ["queued", "started"]
+
+
+def test_stale_attempt_is_fenced_off(r: redis.Redis) -> None:
+    create(r)
+    acquire(r, "w1")
+    r.delete(keys.job_lease(JOB))  # w1's lease expired (it froze)
+    assert acquire(r, "w2")[:2] == ["ok", 2]
+    assert r.eval(APPEND, 3, *K3, 1, 1000, dumps({"text": "old", "index": 0}), 5) == 0
+    assert r.eval(APPEND, 3, *K3, 2, 1000, dumps({"text": "new", "index": 0}), 5) == 1
+    assert finish(r, 1) == 0
+    assert finish(r, 2) == 1
+    assert finish(r, 2) == 0  # exactly one terminal write
+    assert events(r) == ["queued", "started", "started", "token", "done"]
+    assert r.ttl(keys.job(JOB)) > 0 and r.ttl(keys.job_events(JOB)) > 0
+    assert acquire(r, "w3") == ["terminal"]
+
+
+def test_attempts_are_bounded(r: redis.Redis) -> None:
+    create(r)
+    for n in (1, 2, 3):
+        assert acquire(r, f"w{n}", max_attempts=3)[:2] == ["ok", n]
+        r.delete(keys.job_lease(JOB))  # the worker died
+    assert acquire(r, "w4", max_attempts=3) == ["exhausted"]
+    h = r.hgetall(keys.job(JOB))
+    assert h["state"] == "failed" and json.loads(h["error"])["code"] == "max_attempts"
+    assert events(r)[-1] == "error"
+
+
+def test_deadline_passed_in_queue_expires(r: redis.Redis) -> None:
+    create(r, deadline=time.time() - 1)
+    assert acquire(r) == ["expired"]
+    assert r.hget(keys.job(JOB), "state") == "expired"
+
+
+def test_cancel_queued_then_running(r: redis.Redis) -> None:
+    create(r)
+    assert r.eval(CANCEL, 2, keys.job(JOB), keys.job_events(JOB), 1, 1000, 60) == "cancelled"
+    assert acquire(r) == ["terminal"]
+    assert events(r) == ["queued", "cancelled"]
+    r.flushdb()
+    create(r)
+    acquire(r)
+    assert r.eval(CANCEL, 2, keys.job(JOB), keys.job_events(JOB), 1, 1000, 60) == "running"
+    assert r.hget(keys.job(JOB), "cancel_requested") == "1"
+
+
+def test_renew_only_own_lease(r: redis.Redis) -> None:
+    create(r)
+    acquire(r, "w1")
+    assert r.eval(RENEW, 1, keys.job_lease(JOB), "w1|1", 90000) == 1
+    assert r.pttl(keys.job_lease(JOB)) > 60000
+    assert r.eval(RENEW, 1, keys.job_lease(JOB), "w2|1", 90000) == 0
