@@ -105,7 +105,7 @@ async def submit(state: AppState, tenant: str, req: JobRequest,
 
 
 async def get(state: AppState, tenant: str, job_id: str) -> JobRecord:
-    h = await state.redis.hgetall(keys.job(job_id))
+    h: dict[str, str] = await state.redis.hgetall(keys.job(job_id))  # type: ignore[assignment]
     # Another tenant's job is indistinguishable from a missing one.
     if not h or h.get("owner") != tenant:
         raise NotFound(f"no job {job_id!r}", param="job_id")

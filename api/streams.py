@@ -24,6 +24,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -72,7 +73,7 @@ class StreamHub:
         return len(self._subs)
 
     async def start(self) -> None:
-        self._wake_cursor = await self._redis.xadd(self._wake_key, {"w": "1"}, maxlen=10)
+        self._wake_cursor = str(await self._redis.xadd(self._wake_key, {"w": "1"}, maxlen=10))
         await self._redis.expire(self._wake_key, 86400)
         self._task = asyncio.create_task(self._run(), name="tokenq-stream-hub")
 
@@ -102,9 +103,10 @@ class StreamHub:
                 self._has_subs.clear()
                 await self._has_subs.wait()
                 continue
-            streams = {self._wake_key: self._wake_cursor, **self._cursor}
+            streams: dict[Any, Any] = {self._wake_key: self._wake_cursor, **self._cursor}
             try:
-                resp = await self._redis.xread(streams, block=self._block_ms, count=self._count)
+                resp: Any = await self._redis.xread(streams, block=self._block_ms,
+                                                    count=self._count)
             except RedisError as exc:
                 log.warning("stream hub: XREAD failed (%s); retrying", exc)
                 await asyncio.sleep(0.5)
@@ -158,7 +160,7 @@ class StreamHub:
     async def _range(self, key: str, after: str, upto: str) -> AsyncIterator[Entry]:
         start = "(" + after
         while True:
-            batch = await self._redis.xrange(key, min=start, max=upto, count=self._count)
+            batch: Any = await self._redis.xrange(key, min=start, max=upto, count=self._count)
             for entry in batch:
                 yield entry
             if len(batch) < self._count:

@@ -20,7 +20,8 @@ class Event:
 def parse_lines(lines: Iterator[str]) -> Iterator[Event]:
     """SSE framing: fields until a blank line; comments (":") are keep-alives."""
     eid: str | None = None
-    event, data = "message", []
+    event = "message"
+    data: list[str] = []
     for line in lines:
         if line == "":
             if data:

@@ -59,7 +59,7 @@ class Stack:
         if self.quiet:
             logs = self.settings.state_dir / "logs"
             logs.mkdir(parents=True, exist_ok=True)
-            out = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
+            out = open(logs / f"{name}.log", "ab")
             self._logs.append(out)
         return subprocess.Popen(args, env=self._env(), stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT if out else None,

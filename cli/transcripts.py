@@ -16,7 +16,8 @@ Agent: Thanks. I can see two payments of 49 dollars on October 3rd. The second o
 Customer: Can you refund it?
 Agent: Yes. I've issued a refund of 49 dollars to your card. It takes three to five business days.
 Customer: Okay. Will this happen again?
-Agent: It was caused by a retry in our payment system. I've added a note and turned off automatic retry on your account.
+Agent: It was caused by a retry in our payment system. I've added a note and turned off
+automatic retry on your account.
 Customer: Great, thanks.
 Agent: You'll get a confirmation email today. Anything else?
 Customer: No, that's all.
@@ -27,7 +28,8 @@ DELIVERY_KO = """\
 고객: 어제 도착 예정이던 택배가 아직 안 왔어요. 송장번호는 5521-8830입니다.
 상담원: 확인해 보겠습니다. 물류센터에서 분류가 지연되어 오늘 오후에 배송될 예정입니다.
 고객: 오늘 안에 꼭 받아야 하는데요.
-상담원: 오후 6시 전 배송으로 우선 처리 요청을 넣었습니다. 배송 기사님 연락처도 문자로 보내드리겠습니다.
+상담원: 오후 6시 전 배송으로 우선 처리 요청을 넣었습니다.
+배송 기사님 연락처도 문자로 보내드리겠습니다.
 고객: 네, 감사합니다.
 """
 

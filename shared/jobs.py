@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-_TERMINAL = "state == 'succeeded' or state == 'failed' or state == 'cancelled' or state == 'expired'"
+_TERMINAL = ("state == 'succeeded' or state == 'failed' or state == 'cancelled'"
+             " or state == 'expired'")
 
 CREATE = """
 local depth = redis.call('LLEN', KEYS[3])
@@ -75,7 +76,8 @@ APPEND = """
 if redis.call('HGET', KEYS[1], 'attempts') ~= ARGV[1] then return 0 end
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
 for i = 3, #ARGV, 2 do
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'e', 'token', 'd', ARGV[i], 't', ARGV[i + 1])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*',
+             'e', 'token', 'd', ARGV[i], 't', ARGV[i + 1])
 end
 return 1
 """
@@ -93,12 +95,12 @@ redis.call('EXPIRE', KEYS[2], ARGV[7])
 return 1
 """
 
-CANCEL = f"""
+CANCEL = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return false end
 if state == 'queued' then
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished_at', ARGV[1], 'cancel_requested', '1')
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'e', 'cancelled', 'd', '{{}}')
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'e', 'cancelled', 'd', '{}')
   redis.call('EXPIRE', KEYS[1], ARGV[3])
   redis.call('EXPIRE', KEYS[2], ARGV[3])
   return 'cancelled'

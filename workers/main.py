@@ -43,7 +43,7 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
     app.task(name=GENERATE_TASK, acks_late=True, ignore_result=True)(tasks.generate)
     cfg = settings.models()[model]
 
-    @signals.worker_init.connect(weak=False)
+    @signals.worker_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _start(**_: Any) -> None:
         r = redis.Redis.from_url(settings.require_redis_url(), decode_responses=True)
         rt = tasks.WorkerRuntime(settings=settings, model=model, cfg=cfg,
@@ -51,7 +51,7 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
         rt.start()
         tasks.set_runtime(rt)
 
-    @signals.worker_shutdown.connect(weak=False)
+    @signals.worker_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
     def _stop(**_: Any) -> None:
         rt = tasks._runtime
         if rt is not None:

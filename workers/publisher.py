@@ -147,7 +147,8 @@ class Publisher:
             return "succeeded", EVENT_DONE, {"finish_reason": f.reason, "usage": usage}, fields
         if f.reason == "cancelled":
             return "cancelled", EVENT_CANCELLED, {}, fields
-        err = {"code": f.error_code or "engine_error", "message": f.error_message or "failed"}
+        err: dict[str, object] = {"code": f.error_code or "engine_error",
+                                  "message": f.error_message or "failed"}
         fields["error"] = dumps(err)
         return "failed", EVENT_ERROR, err, fields
 

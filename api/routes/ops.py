@@ -23,7 +23,7 @@ async def health() -> dict[str, str]:
 
 async def live_workers(state: StateDep) -> dict[str, list[str]]:
     """Model -> ids of workers whose heartbeat is fresh."""
-    raw = await state.redis.hgetall(keys.WORKERS)
+    raw: dict[str, str] = await state.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
     cutoff = time.time() - state.settings.worker_ttl_s
     out: dict[str, list[str]] = {}
     for wid, info in raw.items():

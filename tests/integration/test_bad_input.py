@@ -114,6 +114,7 @@ def test_unknown_job_is_404(client: httpx.Client) -> None:
 
 
 def test_bad_last_event_id(client: httpx.Client) -> None:
-    job_id = client.post("/v1/jobs", json={"model": SMOL, "prompt": "Hi", "max_tokens": 2}).json()["id"]
+    body = {"model": SMOL, "prompt": "Hi", "max_tokens": 2}
+    job_id = client.post("/v1/jobs", json=body).json()["id"]
     resp = client.get(f"/v1/jobs/{job_id}/events", headers={"Last-Event-ID": "not-an-id"})
     assert_envelope(resp, 400, "last_event_id")

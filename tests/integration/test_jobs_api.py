@@ -93,8 +93,7 @@ def test_late_subscriber_gets_the_whole_stream(client: httpx.Client) -> None:
     assert [(e.id, e.event, e.data) for e in late] == [(e.id, e.event, e.data) for e in first]
 
 
-def test_cancel_queued_job_never_runs(client: httpx.Client, stack: Stack,
-                                      stack_redis: redis.Redis) -> None:
+def test_cancel_queued_job_never_runs(client: httpx.Client, stack: Stack) -> None:
     job_id = str(submit(client, model=IDLE_MODEL, max_tokens=8)["id"])
     resp = client.delete(f"/v1/jobs/{job_id}")
     assert resp.status_code == 200 and resp.json()["state"] == "cancelled"
@@ -139,7 +138,8 @@ def test_cancel_running_job_aborts_engine_and_frees_slot(client: httpx.Client,
 
 
 def test_jobs_route_to_their_model(client: httpx.Client, stack_redis: redis.Redis) -> None:
-    workers = {wid: json.loads(v)["model"] for wid, v in stack_redis.hgetall("tokenq:workers").items()}
+    beats = stack_redis.hgetall("tokenq:workers")
+    workers = {wid: json.loads(v)["model"] for wid, v in beats.items()}
     a = str(submit(client, model=SMOL, max_tokens=4, temperature=0)["id"])
     b = str(submit(client, model=GEMMA, prompt="The capital of France is", max_tokens=4,
                    temperature=0)["id"])

