@@ -26,9 +26,10 @@ def run_demo(settings: Settings, port: int, transcript: str, max_tokens: int) ->
                       f"(logs: {settings.state_dir / 'logs'})\n")
         console.print("[bold]Transcript[/]\n" + TRANSCRIPTS[transcript])
         with httpx.Client(base_url=stack.url, timeout=30) as client:
-            body = {"model": settings.default_model, "messages": summary_messages(
-                TRANSCRIPTS[transcript]), "max_tokens": max_tokens, "temperature": 0.2,
-                "seed": 7, "metadata": {"use_case": "post-call-summary"}}
+            body = {"model": settings.default_model,
+                    "messages": summary_messages(TRANSCRIPTS[transcript]),
+                    "max_tokens": max_tokens, "temperature": 0.0,
+                    "metadata": {"use_case": "post-call-summary"}}
             sent = time.monotonic()
             resp = client.post("/v1/jobs", json=body)
             resp.raise_for_status()

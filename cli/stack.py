@@ -22,7 +22,7 @@ from typing import IO
 
 import httpx
 
-from shared.redis_server import EmbeddedRedis
+from shared.redis_server import EmbeddedRedis, die_with_parent
 from shared.settings import Settings
 
 log = logging.getLogger("tokenq.stack")
@@ -63,7 +63,7 @@ class Stack:
             self._logs.append(out)
         return subprocess.Popen(args, env=self._env(), stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT if out else None,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with_parent)
 
     def start(self) -> Stack:
         return self.start_parts()

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-SYSTEM_PROMPT = (
-    "You summarise customer-service calls for the agent's after-call notes. "
-    "Write four short lines: Issue, Actions, Outcome, Follow-up."
-)
+# Tiny models follow an instruction best when it comes after the transcript.
+SYSTEM_PROMPT = "You are a helpful assistant that writes call summaries."
+INSTRUCTION = ("Summarise the call in 3 short bullet points: the customer's problem, "
+               "what the agent did, and the outcome.")
 
 BILLING_EN = """\
 Agent: Thank you for calling Northwind Telecom, this is Priya. How can I help?
@@ -39,5 +39,6 @@ TRANSCRIPTS = {"billing-en": BILLING_EN, "delivery-ko": DELIVERY_KO}
 def summary_messages(transcript: str) -> list[dict[str, str]]:
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": f"Summarise this call:\n\n{transcript}"},
+        {"role": "user", "content": (
+            f"Here is a customer service call transcript:\n\n{transcript}\n{INSTRUCTION}")},
     ]

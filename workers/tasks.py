@@ -20,7 +20,7 @@ import redis
 
 from shared import keys
 from shared.jobs import ACQUIRE, FINISH, RENEW, dumps, lease_value
-from shared.schemas import EVENT_CANCELLED, SamplingParams
+from shared.schemas import EVENT_CANCELLED, EVENT_ERROR, SamplingParams
 from shared.settings import ModelConfig, Settings
 from workers.engines.base import Engine, EngineRequest
 from workers.publisher import Publisher
@@ -122,6 +122,17 @@ class WorkerRuntime:
                 if not cancel_sent and self.r.hget(keys.job(job_id), "cancel_requested") == "1":
                     self.engine.cancel(job_id)
                     cancel_sent = True
+                if not self.engine.healthy():
+                    log.error("job %s: the engine is dead; failing the job", job_id)
+                    self._finish(keys=[keys.job(job_id), keys.job_events(job_id),
+                                       keys.job_lease(job_id)],
+                                 args=[attempt, "failed", dumps({
+                                     "finished_at": repr(time.time()), "error": dumps(
+                                         {"code": "engine_dead", "message": "engine died"})}),
+                                       EVENT_ERROR, dumps({"code": "engine_dead",
+                                                           "message": "the engine died"}),
+                                       s.stream_maxlen, s.result_ttl_s])
+                    return "failed"
                 if handle.outcome == "fenced":
                     # lease lost: a newer attempt owns the job; wait for the engine to let go
                     handle.done.wait(5)

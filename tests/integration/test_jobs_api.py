@@ -164,3 +164,31 @@ def test_models_health_ready(client: httpx.Client) -> None:
     ready = client.get("/ready")
     # IDLE_MODEL has no worker in this session until a test starts one.
     assert ready.json()["workers"][SMOL] >= 1 and ready.json()["workers"][GEMMA] >= 1
+
+
+def test_every_sampling_parameter_runs(client: httpx.Client) -> None:
+    """temperature/top_p/top_k/repetition_penalty/seed/stop all reach the sampler."""
+    job = submit(client, max_tokens=12, temperature=0.8, top_p=0.9, top_k=20,
+                 repetition_penalty=1.2, seed=11, stop=["\n\n"])
+    events = all_events(client, str(job["id"]))
+    assert events[-1].event == "done", events[-1]
+    assert len(tokens(events)) >= 1
+
+
+def test_same_seed_same_text(client: httpx.Client) -> None:
+    texts = []
+    for _ in range(2):
+        job_id = str(submit(client, max_tokens=16, temperature=1.0, seed=1234)["id"])
+        all_events(client, job_id)
+        texts.append(client.get(f"/v1/jobs/{job_id}").json()["output"])
+    assert texts[0] == texts[1] and texts[0]
+
+
+def test_stop_string_ends_job_and_is_not_emitted(client: httpx.Client) -> None:
+    job_id = str(submit(client, prompt="Count: 1, 2, 3, 4, 5, 6,", max_tokens=30,
+                        temperature=0, stop=["9"])["id"])
+    events = all_events(client, job_id)
+    record = client.get(f"/v1/jobs/{job_id}").json()
+    assert events[-1].data["finish_reason"] == "stop"
+    assert "9" not in record["output"]
+    assert record["output"] == "".join(t.data["text"] for t in tokens(events))

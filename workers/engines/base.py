@@ -86,5 +86,8 @@ class Engine(Protocol):
     def stats(self) -> EngineStats:
         """Running/waiting jobs and KV cache use, for heartbeats and metrics."""
 
+    def healthy(self) -> bool:
+        """False once the engine loop has died; its jobs will never finish here."""
+
     def close(self) -> None:
         """Stop the loop and free the model."""

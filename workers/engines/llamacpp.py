@@ -188,6 +188,9 @@ class LlamaCppEngine:
         return EngineStats(running=len(self._active), waiting=len(self._waiting),
                            slots=self.slots, kv_cache_usage=used / max(1, self.cfg.n_ctx))
 
+    def healthy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def close(self) -> None:
         self._stop.set()
         self._inbox.put(("stop", None))
@@ -203,10 +206,16 @@ class LlamaCppEngine:
     def _loop(self) -> None:
         while not self._stop.is_set():
             out = StepOutput()
-            self._drain_inbox(out, block=not self._active and not self._waiting)
-            self._admit(out)
-            if self._active:
-                self._step(out)
+            try:
+                self._drain_inbox(out, block=not self._active and not self._waiting)
+                self._admit(out)
+                if self._active:
+                    self._step(out)
+            except Exception as exc:
+                # Never let the loop die with jobs in it: fail them and keep serving.
+                log.exception("engine step failed; failing %d in-flight jobs", len(self._active))
+                for seq in list(self._active.values()):
+                    self._finish(seq, "error", out, "engine_error", f"engine step failed: {exc}")
             if out and self._sink:
                 self._sink(out)
 
@@ -242,11 +251,14 @@ class LlamaCppEngine:
             req = self._waiting.pop(0)
             try:
                 prompt = self.vocab.tokenize(self.vocab.render(req.prompt, req.messages))
+                sampler = self._sampler(req)
             except Exception as exc:
+                log.exception("job %s: could not be admitted", req.job_id)
                 out.finished.append(Finished(req.job_id, req.attempt, "error", 0, 0,
-                                             "bad_prompt", f"could not render the prompt: {exc}"))
+                                             "bad_request", f"could not prepare the job: {exc}"))
                 continue
             if len(prompt) + 1 > self.n_ctx_seq:
+                ll.llama_sampler_free(sampler)
                 out.finished.append(Finished(
                     req.job_id, req.attempt, "error", len(prompt), 0, "context_length_exceeded",
                     f"prompt has {len(prompt)} tokens; this worker's context is {self.n_ctx_seq}"))
@@ -255,7 +267,7 @@ class LlamaCppEngine:
             tokens = prompt + req.resume_token_ids
             self._active[seq_id] = _Seq(
                 req=req, seq_id=seq_id, tokens=tokens, n_prompt=len(prompt),
-                sampler=self._sampler(req), text=TextStream(req.params.stop,
+                sampler=sampler, text=TextStream(req.params.stop,
                                                             next_index=len(req.resume_token_ids)),
                 generated=len(req.resume_token_ids),
                 emitted=len(req.resume_token_ids), history=list(tokens),
@@ -266,7 +278,8 @@ class LlamaCppEngine:
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         if p.repetition_penalty != 1.0:
             ll.llama_sampler_chain_add(
-                chain, ll.llama_sampler_init_penalties(64, p.repetition_penalty, 0.0, 0.0))
+                chain, ll.llama_sampler_init_penalties(self.vocab.n_vocab, 64,
+                                                  p.repetition_penalty, 0.0, 0.0))
         if p.temperature <= 0.0:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
             return chain
