@@ -75,6 +75,44 @@ def demo(
     raise typer.Exit(run_demo(_settings(), port, transcript, max_tokens))
 
 
+@app.command()
+def bench(
+    url: Annotated[str | None, typer.Option(help="endpoint; default: start the embedded stack")]
+    = None,
+    model: Annotated[str | None, typer.Option()] = None,
+    concurrency: Annotated[str, typer.Option(help="comma-separated levels")] = "1,4,8,16",
+    requests: Annotated[int | None, typer.Option(help="requests per level (default 2 x c)")]
+    = None,
+    prompt_words: Annotated[int, typer.Option()] = 80,
+    max_tokens: Annotated[int, typer.Option()] = 64,
+    budget: Annotated[float, typer.Option(help="p95 e2e budget in seconds")] = 1.5,
+    json_out: Annotated[bool, typer.Option("--json", help="print results as JSON")] = False,
+) -> None:
+    """Streaming load test: tok/s, TTFT, inter-token and e2e latency per concurrency level."""
+    import json
+
+    from cli.bench import bench as run_bench
+    from cli.stack import Stack
+    from shared.redis_server import free_port
+
+    settings = _settings()
+    model = model or settings.default_model
+    levels = [int(c) for c in concurrency.split(",") if c.strip()]
+    stack = None
+    if url is None:
+        stack = Stack(settings, port=free_port(), models=[model], quiet=True).start()
+        stack.wait_ready()
+        url = stack.url
+    try:
+        result = run_bench(url, model, levels, requests, prompt_words, max_tokens, budget,
+                           quiet=json_out)
+    finally:
+        if stack is not None:
+            stack.stop()
+    if json_out:
+        typer.echo(json.dumps(result, indent=2))
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,20 @@
+"""`tokenq bench` in smoke mode: it produces figures (not what they are)."""
+
+from __future__ import annotations
+
+import math
+
+from cli.bench import bench
+from cli.stack import Stack
+from tests.conftest import SMOL
+
+
+def test_bench_smoke_produces_figures(stack: Stack) -> None:
+    result = bench(stack.url, SMOL, [1, 2], requests=2, prompt_words=20, max_tokens=6,
+                   budget_s=30, quiet=True)
+    assert [lv["concurrency"] for lv in result["levels"]] == [1, 2]
+    for lv in result["levels"]:
+        assert lv["errors"] == 0 and lv["requests"] == 2
+        for key in ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "e2e_p95_ms"):
+            assert lv[key] > 0 and math.isfinite(lv[key])
+    assert any("prefill" in line for line in result["budget"])
