@@ -19,4 +19,6 @@ def test_compose_file_wires_redis_api_worker() -> None:
         env = services[name]["environment"]
         assert env["TOKENQ_ENV"] == "production" and "@redis:6379" in env["TOKENQ_REDIS_URL"]
     assert services["cpu-worker"]["command"][:2] == ["tokenq", "worker"]
-    assert (ROOT / "compose" / "Dockerfile").read_text().count("scripts/setup.sh") == 1
+    run_lines = [ln for ln in (ROOT / "compose" / "Dockerfile").read_text().splitlines()
+                 if ln.startswith("RUN")]
+    assert any("scripts/setup.sh" in ln for ln in run_lines)  # builds as the README installs
