@@ -9,6 +9,7 @@ budget holds at each level.
 
 from __future__ import annotations
 
+import json
 import statistics
 import threading
 import time
@@ -35,6 +36,18 @@ class Sample:
     tokens: int = 0
     prompt_tokens: int = 0
     gaps: list[float] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+    _last: float | None = None
+
+    def tick(self) -> None:
+        """One token arrived now: the first sets TTFT, the rest add inter-token gaps."""
+        now = time.perf_counter()
+        if self._last is None:
+            self.ttft = now - self.started
+        else:
+            self.gaps.append(now - self._last)
+        self._last = now
+        self.tokens += 1
 
 
 @dataclass
@@ -52,6 +65,27 @@ class Level:
     e2e_p95_ms: float
     prompt_tokens: float
 
+    @classmethod
+    def from_samples(cls, concurrency: int, samples: list[Sample], wall: float) -> Level:
+        good = [s for s in samples if s.ok]
+        gaps = [g for s in good for g in s.gaps]
+        return cls(
+            concurrency=concurrency, requests=len(samples), errors=len(samples) - len(good),
+            wall_s=wall, output_tok_s=sum(s.tokens for s in good) / wall,
+            ttft_p50_ms=1000 * pct([s.ttft for s in good], 0.5),
+            ttft_p95_ms=1000 * pct([s.ttft for s in good], 0.95),
+            itl_p50_ms=1000 * pct(gaps, 0.5), itl_p95_ms=1000 * pct(gaps, 0.95),
+            e2e_p50_ms=1000 * pct([s.e2e for s in good], 0.5),
+            e2e_p95_ms=1000 * pct([s.e2e for s in good], 0.95),
+            prompt_tokens=statistics.mean(s.prompt_tokens for s in good) if good else 0.0,
+        )
+
+
+def prompt_text(i: int, words: int) -> str:
+    """The i-th benchmark prompt: ~`words` words of call-center text, unique per request."""
+    body = " ".join((FILLER * (words // 20 + 1)).split()[:words])
+    return f"[{i}] {body}\nSummary:"
+
 
 def pct(values: list[float], q: float) -> float:
     if not values:
@@ -65,17 +99,10 @@ def one_job(client: httpx.Client, body: dict[str, Any]) -> Sample:
     try:
         resp = client.post("/v1/jobs", json=body)
         resp.raise_for_status()
-        sample = Sample(ok=False)
-        last = None
+        sample = Sample(ok=False, started=t0)
         for ev in stream_events(client, resp.json()["id"], timeout=600):
-            now = time.perf_counter()
             if ev.event == "token":
-                if last is None:
-                    sample.ttft = now - t0
-                else:
-                    sample.gaps.append(now - last)
-                last = now
-                sample.tokens += 1
+                sample.tick()
             elif ev.event == "done":
                 sample.ok = True
                 sample.prompt_tokens = ev.data["usage"]["prompt_tokens"]
@@ -87,16 +114,38 @@ def one_job(client: httpx.Client, body: dict[str, Any]) -> Sample:
         return Sample(ok=False, e2e=time.perf_counter() - t0)
 
 
+def one_openai(client: httpx.Client, body: dict[str, Any]) -> Sample:
+    """A streamed /v1/completions request (OpenAI chunk format; one chunk per token)."""
+    t0 = time.perf_counter()
+    sample = Sample(ok=False, started=t0)
+    try:
+        with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
+            resp.raise_for_status()
+            for line in resp.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    sample.ok = True
+                    break
+                chunk = json.loads(payload)
+                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                    sample.tick()
+    except httpx.HTTPError:
+        pass
+    sample.e2e = time.perf_counter() - t0
+    return sample
+
+
 def run_level(url: str, model: str, concurrency: int, requests: int, prompt_words: int,
-              max_tokens: int, progress: Progress | None = None) -> Level:
-    prompt = " ".join((FILLER * (prompt_words // 20 + 1)).split()[:prompt_words])
+              max_tokens: int, progress: Progress | None = None, api: str = "native") -> Level:
     lock = threading.Lock()
     task = progress.add_task(f"c={concurrency}", total=requests) if progress else None
 
     def go(i: int) -> Sample:
-        body = {"model": model, "prompt": f"[{i}] {prompt}\nSummary:", "max_tokens": max_tokens,
-                "temperature": 0.7, "seed": i}
-        s = one_job(client, body)
+        body = {"model": model, "prompt": prompt_text(i, prompt_words),
+                "max_tokens": max_tokens, "temperature": 0.7, "seed": i}
+        s = one_job(client, body) if api == "native" else one_openai(client, body)
         if progress is not None and task is not None:
             with lock:
                 progress.advance(task)
@@ -108,18 +157,7 @@ def run_level(url: str, model: str, concurrency: int, requests: int, prompt_word
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             samples = list(pool.map(go, range(requests)))
         wall = time.perf_counter() - t0
-    good = [s for s in samples if s.ok]
-    gaps = [g for s in good for g in s.gaps]
-    return Level(
-        concurrency=concurrency, requests=requests, errors=requests - len(good), wall_s=wall,
-        output_tok_s=sum(s.tokens for s in good) / wall,
-        ttft_p50_ms=1000 * pct([s.ttft for s in good], 0.5),
-        ttft_p95_ms=1000 * pct([s.ttft for s in good], 0.95),
-        itl_p50_ms=1000 * pct(gaps, 0.5), itl_p95_ms=1000 * pct(gaps, 0.95),
-        e2e_p50_ms=1000 * pct([s.e2e for s in good], 0.5),
-        e2e_p95_ms=1000 * pct([s.e2e for s in good], 0.95),
-        prompt_tokens=statistics.mean(s.prompt_tokens for s in good) if good else 0.0,
-    )
+    return Level.from_samples(concurrency, samples, wall)
 
 
 def budget_lines(levels: list[Level], max_tokens: int, budget_s: float) -> list[str]:

@@ -87,6 +87,9 @@ def bench(
     max_tokens: Annotated[int, typer.Option()] = 64,
     budget: Annotated[float, typer.Option(help="p95 e2e budget in seconds")] = 1.5,
     json_out: Annotated[bool, typer.Option("--json", help="print results as JSON")] = False,
+    compare: Annotated[bool, typer.Option(
+        "--compare", help="also run llama_cpp.server and C++ llama-server on the same model")]
+    = False,
 ) -> None:
     """Streaming load test: tok/s, TTFT, inter-token and e2e latency per concurrency level."""
     import json
@@ -98,6 +101,16 @@ def bench(
     settings = _settings()
     model = model or settings.default_model
     levels = [int(c) for c in concurrency.split(",") if c.strip()]
+    if compare:
+        from rich.console import Console
+
+        from cli.compare import compare as run_compare
+
+        out = run_compare(settings, model, levels, requests, prompt_words, max_tokens, budget,
+                          Console())
+        if json_out:
+            typer.echo(json.dumps(out, indent=2))
+        return
     stack = None
     if url is None:
         stack = Stack(settings, port=free_port(), models=[model], quiet=True).start()
