@@ -39,6 +39,13 @@ class ModelConfig(BaseModel):
     n_gpu_layers: int = 0
     flash_attn: bool = False
     mlock: bool = False
+    # While streams decode, a step carries at most max(prefill_min_chunk,
+    # prefill_ratio * decoding streams) prompt tokens, so a long prompt cannot stall them
+    # (step cost here is ~linear in tokens: ratio 1 keeps inter-token latency within ~2x).
+    prefill_ratio: float = 1.0
+    prefill_min_chunk: int = 8
+    # A free slot keeps its KV cells; a new job takes the slot sharing the longest prefix.
+    prefix_cache: bool = True
     # vLLM (names as in vLLM)
     gpu_memory_utilization: float = 0.9
     tensor_parallel_size: int = 1

@@ -73,7 +73,8 @@ class WorkerRuntime:
         st = self.engine.stats()
         info = {"model": self.model, "backend": self.engine.backend, "slots": st.slots,
                 "running": st.running, "waiting": st.waiting,
-                "kv_cache_usage": st.kv_cache_usage, "ts": time.time(), "pid": os.getpid()}
+                "kv_cache_usage": st.kv_cache_usage, "prefix_hit_ratio": st.prefix_hit_ratio,
+                "ts": time.time(), "pid": os.getpid()}
         self.r.hset(keys.WORKERS, self.worker_id, dumps(info))
 
     def _heartbeat(self) -> None:

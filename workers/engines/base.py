@@ -66,6 +66,8 @@ class EngineStats:
     waiting: int
     slots: int
     kv_cache_usage: float
+    # Prompt tokens whose KV was reused from a slot's cache / all prompt tokens admitted.
+    prefix_hit_ratio: float = 0.0
 
 
 class Engine(Protocol):

@@ -2,13 +2,15 @@
 
 The only module that imports llama_cpp. One context with n_seq_max = slots
 (each sequence gets n_ctx / slots cells, as in llama-server). Every step:
-1. take new jobs and cancels from the inbox (a job joins at the next step);
-2. build one batch: the next token of every decoding job, then prompt chunks
-   of jobs being prefilled within what is left of n_batch (chunked prefill, so
-   a long prompt never stalls the decoders);
+1. take new jobs and cancels from the inbox (a job joins at the next step) and
+   give each the free slot whose cached KV shares the longest prefix with it;
+2. build one batch: the next token of every decoding job, then prompt chunks of
+   jobs being prefilled, within a prefill budget that grows with the number of
+   decoding streams (chunked prefill: a long prompt never stalls the others);
 3. llama_decode once; sample each sequence from its own row with its own
    sampler chain (penalties, top-k, top-p, temperature, seeded dist);
-4. hand the sink one StepOutput; free the KV cells of finished sequences.
+4. hand the sink one StepOutput; a finished job's slot keeps its KV cells
+   for the next job with the same prefix.
 """
 
 from __future__ import annotations
@@ -149,6 +151,9 @@ class LlamaCppEngine:
         self._waiting: list[EngineRequest] = []
         self._active: dict[int, _Seq] = {}
         self._free_ids = list(range(self.slots))
+        self._cached: dict[int, list[int]] = {}  # tokens whose KV a free slot still holds
+        self.prompt_tokens_total = 0
+        self.prefix_reused_tokens = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._sink: Sink | None = None
@@ -186,7 +191,9 @@ class LlamaCppEngine:
     def stats(self) -> EngineStats:
         used = sum(s.n_past for s in list(self._active.values()))
         return EngineStats(running=len(self._active), waiting=len(self._waiting),
-                           slots=self.slots, kv_cache_usage=used / max(1, self.cfg.n_ctx))
+                           slots=self.slots, kv_cache_usage=used / max(1, self.cfg.n_ctx),
+                           prefix_hit_ratio=self.prefix_reused_tokens / max(
+                               1, self.prompt_tokens_total))
 
     def healthy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -263,15 +270,41 @@ class LlamaCppEngine:
                     req.job_id, req.attempt, "error", len(prompt), 0, "context_length_exceeded",
                     f"prompt has {len(prompt)} tokens; this worker's context is {self.n_ctx_seq}"))
                 continue
-            seq_id = self._free_ids.pop(0)
             tokens = prompt + req.resume_token_ids
+            seq_id, reused = self._take_slot(tokens)
+            self.prompt_tokens_total += len(tokens)
+            self.prefix_reused_tokens += reused
             self._active[seq_id] = _Seq(
-                req=req, seq_id=seq_id, tokens=tokens, n_prompt=len(prompt),
+                req=req, seq_id=seq_id, tokens=tokens[reused:], n_past=reused,
+                n_prompt=len(prompt),
                 sampler=sampler, text=TextStream(req.params.stop,
                                                             next_index=len(req.resume_token_ids)),
                 generated=len(req.resume_token_ids),
                 emitted=len(req.resume_token_ids), history=list(tokens),
             )
+
+    def _take_slot(self, tokens: list[int]) -> tuple[int, int]:
+        """The free slot whose cached KV shares the longest prefix with `tokens`, and how many
+        of its cells are kept (llama-server's prompt cache: a post-call template or a long
+        system prompt is prefilled once per slot, not once per job)."""
+        best, best_len = self._free_ids[0], 0
+        if self.cfg.prefix_cache:
+            for sid in self._free_ids:
+                cached = self._cached.get(sid, [])
+                n = 0
+                for a, b in zip(cached, tokens, strict=False):
+                    if a != b:
+                        break
+                    n += 1
+                if n > best_len:
+                    best, best_len = sid, n
+        self._free_ids.remove(best)
+        keep = min(best_len, len(tokens) - 1)  # always decode >= 1 token for fresh logits
+        if keep <= 0 or not ll.llama_memory_seq_rm(self.mem, best, keep, -1):
+            ll.llama_memory_seq_rm(self.mem, best, -1, -1)
+            keep = 0
+        self._cached.pop(best, None)
+        return best, keep
 
     def _sampler(self, req: EngineRequest) -> Any:
         p = req.params
@@ -295,10 +328,15 @@ class LlamaCppEngine:
     def _step(self, out: StepOutput) -> None:
         batch, n = self.batch, 0
         rows: list[tuple[_Seq, int]] = []
-        # Decoders first: one token each keeps every stream moving every step.
+        # Decoders first: one token each keeps every stream moving every step. Prompts
+        # (oldest first) share what the prefill budget leaves.
         order = sorted(self._active.values(), key=lambda s: s.prefilling)
+        decoding = sum(1 for s in order if not s.prefilling)
+        budget = self.cfg.n_batch if decoding == 0 else decoding + max(
+            self.cfg.prefill_min_chunk, int(decoding * self.cfg.prefill_ratio))
+        budget = min(budget, self.cfg.n_batch)
         for seq in order:
-            room = self.cfg.n_batch - n
+            room = budget - n
             if room <= 0:
                 break
             take = seq.tokens[:room]
@@ -349,7 +387,10 @@ class LlamaCppEngine:
         # usage counts the token events clients saw (a cancel drops held-back tokens)
         out.finished.append(Finished(seq.req.job_id, seq.req.attempt, reason, seq.n_prompt,
                                      seq.emitted, code, message))
-        ll.llama_memory_seq_rm(self.mem, seq.seq_id, -1, -1)
+        if reason == "error":  # the KV may be inconsistent after a failed decode
+            ll.llama_memory_seq_rm(self.mem, seq.seq_id, -1, -1)
+        else:  # keep the cells for prefix reuse; positions [0, n_past) are valid
+            self._cached[seq.seq_id] = seq.history[:seq.n_past]
         ll.llama_sampler_free(seq.sampler)
         del self._active[seq.seq_id]
         self._free_ids.append(seq.seq_id)
