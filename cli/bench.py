@@ -119,7 +119,8 @@ def one_openai(client: httpx.Client, body: dict[str, Any]) -> Sample:
     t0 = time.perf_counter()
     sample = Sample(ok=False, started=t0)
     try:
-        with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
+        req = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        with client.stream("POST", "/v1/completions", json=req) as resp:
             resp.raise_for_status()
             for line in resp.iter_lines():
                 if not line.startswith("data:"):
@@ -129,6 +130,8 @@ def one_openai(client: httpx.Client, body: dict[str, Any]) -> Sample:
                     sample.ok = True
                     break
                 chunk = json.loads(payload)
+                if chunk.get("usage"):
+                    sample.prompt_tokens = chunk["usage"].get("prompt_tokens", 0)
                 if chunk.get("choices") and chunk["choices"][0].get("text"):
                     sample.tick()
     except httpx.HTTPError:
@@ -164,7 +167,7 @@ def budget_lines(levels: list[Level], max_tokens: int, budget_s: float) -> list[
     """Prefill/decode rates from c=1, the latency they predict, and the p95 check per level."""
     base = levels[0]
     lines = []
-    if base.ttft_p50_ms > 0 and base.itl_p50_ms > 0:
+    if base.prompt_tokens > 0 and base.ttft_p50_ms > 0 and base.itl_p50_ms > 0:
         prefill = base.prompt_tokens / (base.ttft_p50_ms / 1000)
         decode = 1000 / base.itl_p50_ms
         predicted = base.prompt_tokens / prefill + (max_tokens - 1) / decode

@@ -39,6 +39,11 @@ class ModelConfig(BaseModel):
     n_gpu_layers: int = 0
     flash_attn: bool = False
     mlock: bool = False
+    # One KV pool shared by all slots (llama-server's default with -np). Off by default:
+    # with it on, a job's greedy text can differ batched vs alone (attention over the
+    # shared pool changes float order); one run here measured 39 vs 35 tok/s at 8 streams
+    # with it on, a second run was too noisy to confirm. See docs/benchmarks.md.
+    kv_unified: bool = False
     # While streams decode, a step carries at most max(prefill_min_chunk,
     # prefill_ratio * decoding streams) prompt tokens, so a long prompt cannot stall them
     # (step cost here is ~linear in tokens: ratio 1 keeps inter-token latency within ~2x).

@@ -168,7 +168,7 @@ class LlamaCppEngine:
         params.n_batch = self.cfg.n_batch
         params.n_ubatch = self.cfg.n_ubatch
         params.n_seq_max = self.slots
-        params.kv_unified = False
+        params.kv_unified = self.cfg.kv_unified
         threads = self.cfg.n_threads or os.cpu_count() or 1
         params.n_threads = threads
         params.n_threads_batch = threads
