@@ -64,15 +64,16 @@ def worker(
 
 @app.command()
 def demo(
-    port: Annotated[int, typer.Option()] = 8000,
+    port: Annotated[int | None, typer.Option(help="API port (default: a free one)")] = None,
     transcript: Annotated[str, typer.Option(help="billing-en or delivery-ko")] = "billing-en",
     max_tokens: Annotated[int, typer.Option()] = 160,
 ) -> None:
     """Start the embedded stack, stream one post-call summary to the terminal, stop."""
     from cli.demo import run_demo
+    from shared.redis_server import free_port
 
     _logging("WARNING")
-    raise typer.Exit(run_demo(_settings(), port, transcript, max_tokens))
+    raise typer.Exit(run_demo(_settings(), port or free_port(), transcript, max_tokens))
 
 
 @app.command()

@@ -108,9 +108,7 @@ class WorkerRuntime:
             return str(status)
         attempt, spec = int(got[1]), json.loads(got[2])
         if got[3] == "1":  # cancelled while its message was on the way
-            self._finish(keys=[keys.job(job_id), keys.job_events(job_id), keys.job_lease(job_id)],
-                         args=[attempt, "cancelled", dumps({"finished_at": repr(time.time())}),
-                               EVENT_CANCELLED, "{}", s.stream_maxlen, s.result_ttl_s])
+            self._end(job_id, attempt, "cancelled", EVENT_CANCELLED, {})
             return "cancelled"
         handle = self.publisher.track(job_id, attempt)
         try:
@@ -125,14 +123,8 @@ class WorkerRuntime:
                     cancel_sent = True
                 if not self.engine.healthy():
                     log.error("job %s: the engine is dead; failing the job", job_id)
-                    self._finish(keys=[keys.job(job_id), keys.job_events(job_id),
-                                       keys.job_lease(job_id)],
-                                 args=[attempt, "failed", dumps({
-                                     "finished_at": repr(time.time()), "error": dumps(
-                                         {"code": "engine_dead", "message": "engine died"})}),
-                                       EVENT_ERROR, dumps({"code": "engine_dead",
-                                                           "message": "the engine died"}),
-                                       s.stream_maxlen, s.result_ttl_s])
+                    err = {"code": "engine_dead", "message": "the worker's engine died"}
+                    self._end(job_id, attempt, "failed", EVENT_ERROR, err, error=dumps(err))
                     return "failed"
                 if handle.outcome == "fenced":
                     # lease lost: a newer attempt owns the job; wait for the engine to let go
@@ -141,6 +133,14 @@ class WorkerRuntime:
             return handle.outcome
         finally:
             self.publisher.untrack(job_id)
+
+    def _end(self, job_id: str, attempt: int, state: str, event: str, data: dict[str, str],
+             **fields: str) -> None:
+        """Terminal write outside the engine path (fenced by attempt, like the publisher's)."""
+        s = self.settings
+        self._finish(keys=[keys.job(job_id), keys.job_events(job_id), keys.job_lease(job_id)],
+                     args=[attempt, state, dumps({"finished_at": repr(time.time()), **fields}),
+                           event, dumps(data), s.stream_maxlen, s.result_ttl_s])
 
 
 _runtime: WorkerRuntime | None = None
