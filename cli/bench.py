@@ -9,6 +9,7 @@ budget holds at each level.
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import threading
@@ -209,3 +210,49 @@ def bench(url: str, model: str, levels: list[int], requests: int | None, prompt_
     render(console, results, lines)
     return {"model": model, "max_tokens": max_tokens, "prompt_words": prompt_words,
             "levels": [asdict(lv) for lv in results], "budget": lines}
+
+
+def long_prompt_impact(url: str, model: str, streams: int = 7, long_words: int = 1850,
+                       max_tokens: int = 400, settle_s: float = 8.0) -> dict[str, float]:
+    """p95 inter-token latency of `streams` decoding jobs before vs while one long prompt
+    is prefilled next to them (from its submission to its first token)."""
+    stamps: list[list[float]] = [[] for _ in range(streams)]
+    window: dict[str, float] = {}
+
+    def background(i: int) -> None:
+        body = {"model": model, "prompt": prompt_text(1000 + i, 60), "max_tokens": max_tokens,
+                "temperature": 0.7, "seed": i}
+        resp = client.post("/v1/jobs", json=body)
+        for ev in stream_events(client, resp.json()["id"], timeout=600):
+            if ev.event == "token":
+                stamps[i].append(time.perf_counter())
+
+    def long_job() -> None:
+        time.sleep(settle_s)
+        body = {"model": model, "prompt": prompt_text(9999, long_words), "max_tokens": 8,
+                "temperature": 0.7}
+        window["start"] = time.perf_counter()
+        resp = client.post("/v1/jobs", json=body)
+        resp.raise_for_status()
+        for ev in stream_events(client, resp.json()["id"], timeout=600):
+            if ev.event == "token" and "end" not in window:
+                window["end"] = time.perf_counter()
+            if ev.event == "done":
+                window["prompt_tokens"] = ev.data["usage"]["prompt_tokens"]
+
+    limits = httpx.Limits(max_connections=2 * streams + 8)
+    with httpx.Client(base_url=url, timeout=600, limits=limits) as client, \
+            ThreadPoolExecutor(max_workers=streams + 1) as pool:
+        futures = [pool.submit(background, i) for i in range(streams)]
+        futures.append(pool.submit(long_job))
+        for f in futures:
+            f.result()
+    start, end = window["start"], window["end"]
+    before = [b - a for s in stamps for a, b in itertools.pairwise(s)
+              if start - settle_s / 2 < a and b < start]
+    during = [b - a for s in stamps for a, b in itertools.pairwise(s) if start <= a and b <= end]
+    out = {"prompt_tokens": window.get("prompt_tokens", 0.0),
+           "prefill_s": end - start, "itl_p95_before_ms": 1000 * pct(before, 0.95),
+           "itl_p95_during_ms": 1000 * pct(during, 0.95)}
+    out["ratio"] = out["itl_p95_during_ms"] / out["itl_p95_before_ms"]
+    return out

@@ -91,6 +91,9 @@ def bench(
     compare: Annotated[bool, typer.Option(
         "--compare", help="also run llama_cpp.server and C++ llama-server on the same model")]
     = False,
+    long_prompt: Annotated[bool, typer.Option(
+        "--long-prompt", help="p95 ITL of 7 streams before vs during a ~2,000-token prefill")]
+    = False,
 ) -> None:
     """Streaming load test: tok/s, TTFT, inter-token and e2e latency per concurrency level."""
     import json
@@ -118,6 +121,17 @@ def bench(
         stack.wait_ready()
         url = stack.url
     try:
+        if long_prompt:
+            from cli.bench import long_prompt_impact
+
+            impact = long_prompt_impact(url, model)
+            typer.echo(json.dumps(impact) if json_out else
+                       f"{impact['prompt_tokens']:.0f}-token prompt prefilled in "
+                       f"{impact['prefill_s']:.1f} s beside 7 streams: their ITL p95 "
+                       f"{impact['itl_p95_before_ms']:.0f} ms before, "
+                       f"{impact['itl_p95_during_ms']:.0f} ms during "
+                       f"({impact['ratio']:.2f}x)")
+            return
         result = run_bench(url, model, levels, requests, prompt_words, max_tokens, budget,
                            quiet=json_out)
     finally:

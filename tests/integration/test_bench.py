@@ -18,3 +18,13 @@ def test_bench_smoke_produces_figures(stack: Stack) -> None:
         for key in ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "e2e_p95_ms"):
             assert lv[key] > 0 and math.isfinite(lv[key])
     assert any("prefill" in line for line in result["budget"])
+
+
+def test_long_prompt_scenario_produces_figures(stack: Stack) -> None:
+    from cli.bench import long_prompt_impact
+
+    # the two streams must still be decoding when the long prompt arrives and is prefilled
+    out = long_prompt_impact(stack.url, SMOL, streams=2, long_words=300, max_tokens=400,
+                             settle_s=2.0)
+    assert out["prompt_tokens"] > 250 and out["prefill_s"] > 0
+    assert math.isfinite(out["itl_p95_before_ms"]) and math.isfinite(out["itl_p95_during_ms"])
