@@ -9,6 +9,7 @@ Every transition is one Lua script, so it is atomic in Redis:
     finish   (worker)  running -> succeeded|failed|cancelled with its terminal event, once
     cancel   (api)     queued -> cancelled at once; running -> cancel_requested=1
     renew    (worker)  extend the lease only while it is still ours
+    requeue  (worker)  a running job whose lease expired goes back on its queue (takeover)
 
 The attempt check on every worker write is the fence: a worker that lost its
 lease (paused, partitioned) and comes back cannot write into a stream that a
@@ -48,6 +49,7 @@ local function terminate(st, code, msg)
              'd', cjson.encode({{code = code, message = msg}}))
   redis.call('EXPIRE', KEYS[1], ARGV[6])
   redis.call('EXPIRE', KEYS[2], ARGV[6])
+  redis.call('ZREM', KEYS[4], KEYS[1])
 end
 local deadline = redis.call('HGET', KEYS[1], 'deadline')
 if deadline and deadline ~= '' and tonumber(now) > tonumber(deadline) then
@@ -66,6 +68,7 @@ if not redis.call('HGET', KEYS[1], 'started_at') then
   redis.call('HSET', KEYS[1], 'started_at', now)
 end
 redis.call('SET', KEYS[3], ARGV[1] .. '|' .. attempts, 'PX', ARGV[2])
+redis.call('ZADD', KEYS[4], now, KEYS[1])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'e', 'started',
            'd', cjson.encode({{attempt = attempts, worker = ARGV[1]}}))
 return {{'ok', attempts, redis.call('HGET', KEYS[1], 'spec'),
@@ -90,6 +93,7 @@ redis.call('HSET', KEYS[1], 'state', ARGV[2])
 for k, v in pairs(fields) do redis.call('HSET', KEYS[1], k, v) end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[4], 'd', ARGV[5])
 redis.call('DEL', KEYS[3])
+redis.call('ZREM', KEYS[4], KEYS[1])
 redis.call('EXPIRE', KEYS[1], ARGV[7])
 redis.call('EXPIRE', KEYS[2], ARGV[7])
 return 1
@@ -107,6 +111,19 @@ if state == 'queued' then
 end
 if state == 'running' then redis.call('HSET', KEYS[1], 'cancel_requested', '1') end
 return state
+"""
+
+# KEYS: job, lease, running index, queue; ARGV: Celery message. Re-enqueue a running job
+# whose lease expired (its worker died): the next worker's ACQUIRE takes it over.
+REQUEUE = """
+if not redis.call('ZSCORE', KEYS[3], KEYS[1]) then return 0 end  -- already requeued
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' or redis.call('EXISTS', KEYS[2]) == 1 then
+  if redis.call('HGET', KEYS[1], 'state') ~= 'running' then redis.call('ZREM', KEYS[3], KEYS[1]) end
+  return 0
+end
+redis.call('ZREM', KEYS[3], KEYS[1])
+redis.call('LPUSH', KEYS[4], ARGV[1])
+return 1
 """
 
 RENEW = """

@@ -5,6 +5,7 @@
     tokenq:job:{id}:lease        string  "{worker}|{attempt}", PX = lease TTL
     tokenq:tenant:{t}:jobs       zset    job ids by creation time (listing, quotas)
     tokenq:workers               hash    worker id -> JSON heartbeat (model, backend, slots, ts)
+    tokenq:running               zset    job keys with a running attempt (for takeover)
     tokenq:api:{uuid}:wake       stream  wakes the API's shared XREAD reader
     tokenq.{model}.{priority}    list    Celery queue (kombu's Redis transport)
 """
@@ -27,11 +28,17 @@ def job_lease(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:lease"
 
 
+def job_id_of(job_key: str) -> str:
+    """tokenq:job:{id} -> id."""
+    return job_key.rsplit(":", 1)[-1]
+
+
 def tenant_jobs(tenant: str) -> str:
     return f"{PREFIX}:tenant:{tenant}:jobs"
 
 
 WORKERS = f"{PREFIX}:workers"
+RUNNING = f"{PREFIX}:running"
 
 
 def api_wake(instance: str) -> str:

@@ -132,6 +132,8 @@ class Settings(BaseSettings):
     result_ttl_s: int = 24 * 3600
     stream_maxlen: int = 100_000
     heartbeat_s: float = 2.0
+    # How often each worker looks for running jobs whose lease expired (dead workers).
+    reconcile_s: float = 2.0
     worker_ttl_s: float = 10.0
 
     # SSE

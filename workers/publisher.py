@@ -56,8 +56,9 @@ class Publisher:
         self._steps.put(None)
         self._thread.join(timeout=10)
 
-    def track(self, job_id: str, attempt: int) -> JobHandle:
-        handle = JobHandle(job_id, attempt)
+    def track(self, job_id: str, attempt: int, emitted: list[str] | None = None) -> JobHandle:
+        """Follow a job; `emitted` is the text an earlier attempt already streamed."""
+        handle = JobHandle(job_id, attempt, text=list(emitted or []))
         with self._lock:
             self._handles[job_id] = handle
         return handle
@@ -112,7 +113,7 @@ class Publisher:
             args: list[str | int] = [attempt, s.stream_maxlen]
             for t in toks:
                 args += [dumps({"text": t.text, "index": t.index}), t.token_id]
-            self._append(keys=self._job_keys(job_id), args=args, client=pipe)
+            self._append(keys=self._job_keys(job_id)[:3], args=args, client=pipe)
             appended.append((job_id, attempt))
             handle = self._handles.get(job_id)
             if handle is not None:
@@ -159,4 +160,4 @@ class Publisher:
 
     @staticmethod
     def _job_keys(job_id: str) -> list[str]:
-        return [keys.job(job_id), keys.job_events(job_id), keys.job_lease(job_id)]
+        return [keys.job(job_id), keys.job_events(job_id), keys.job_lease(job_id), keys.RUNNING]

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import redis
 
 from shared import keys
-from shared.jobs import ACQUIRE, FINISH, RENEW, dumps, lease_value
+from shared.celery_app import create_celery, task_message
+from shared.jobs import ACQUIRE, FINISH, RENEW, REQUEUE, dumps, lease_value
 from shared.schemas import EVENT_CANCELLED, EVENT_ERROR, SamplingParams
 from shared.settings import ModelConfig, Settings
 from workers.engines.base import Engine, EngineRequest
@@ -48,6 +49,8 @@ class WorkerRuntime:
         self._acquire = self.r.register_script(ACQUIRE)
         self._renew = self.r.register_script(RENEW)
         self._finish = self.r.register_script(FINISH)
+        self._requeue = self.r.register_script(REQUEUE)
+        self.celery = create_celery(self.settings)
         self._heart = threading.Thread(target=self._heartbeat, name="tokenq-heartbeat",
                                        daemon=True)
 
@@ -79,9 +82,13 @@ class WorkerRuntime:
 
     def _heartbeat(self) -> None:
         ttl_ms = int(self.settings.lease_ttl_s * 1000)
+        next_reconcile = time.monotonic()
         while not self._stop.wait(self.settings.heartbeat_s):
             try:
                 self._beat()
+                if time.monotonic() >= next_reconcile:
+                    self.reconcile()
+                    next_reconcile = time.monotonic() + self.settings.reconcile_s
                 handles = self.publisher.tracked()
                 pipe = self.r.pipeline(transaction=False)
                 for h in handles:
@@ -99,7 +106,8 @@ class WorkerRuntime:
     def run_job(self, job_id: str) -> str:
         s = self.settings
         got = self._acquire(
-            keys=[keys.job(job_id), keys.job_events(job_id), keys.job_lease(job_id)],
+            keys=[keys.job(job_id), keys.job_events(job_id), keys.job_lease(job_id),
+                  keys.RUNNING],
             args=[self.worker_id, int(s.lease_ttl_s * 1000), s.max_attempts, repr(time.time()),
                   s.stream_maxlen, s.result_ttl_s])
         status = got[0]
@@ -110,11 +118,14 @@ class WorkerRuntime:
         if got[3] == "1":  # cancelled while its message was on the way
             self._end(job_id, attempt, "cancelled", EVENT_CANCELLED, {})
             return "cancelled"
-        handle = self.publisher.track(job_id, attempt)
+        # A takeover continues where the dead attempt stopped: prefill prompt + the tokens
+        # clients already have, and number the new ones after them (no gap, no duplicate).
+        token_ids, texts = self._emitted(job_id) if attempt > 1 else ([], [])
+        handle = self.publisher.track(job_id, attempt, emitted=texts)
         try:
             self.engine.submit(EngineRequest(
                 job_id=job_id, attempt=attempt, prompt=spec.get("prompt"),
-                messages=spec.get("messages"),
+                messages=spec.get("messages"), resume_token_ids=token_ids,
                 params=SamplingParams.model_validate(spec["params"])))
             cancel_sent = False
             while not handle.done.wait(CANCEL_POLL_S):
@@ -134,11 +145,51 @@ class WorkerRuntime:
         finally:
             self.publisher.untrack(job_id)
 
+    def _emitted(self, job_id: str) -> tuple[list[int], list[str]]:
+        """Token ids and texts already in the job's stream, in index order."""
+        ids: list[int] = []
+        texts: list[str] = []
+        entries: list[tuple[str, dict[str, str]]] = self.r.xrange(  # type: ignore[assignment]
+            keys.job_events(job_id))
+        for _, fields in entries:
+            if fields.get("e") == "token":
+                data = json.loads(fields["d"])
+                if data["index"] == len(ids):  # contiguous by construction; guard anyway
+                    ids.append(int(fields["t"]))
+                    texts.append(data["text"])
+        return ids, texts
+
+    def reconcile(self) -> int:
+        """Re-enqueue running jobs whose lease expired (their worker died). Any worker may
+        run this; the REQUEUE script checks and pushes atomically, so a job goes back once."""
+        stale = []
+        running: list[str] = self.r.zrange(keys.RUNNING, 0, -1)  # type: ignore[assignment]
+        for job_key in running:
+            job_id = keys.job_id_of(job_key)
+            if not self.r.exists(keys.job_lease(job_id)):
+                stale.append(job_id)
+        requeued = 0
+        for job_id in stale:
+            rec: list[str | None] = self.r.hmget(  # type: ignore[assignment]
+                keys.job(job_id), ["model", "priority"])
+            if not rec[0]:
+                self.r.zrem(keys.RUNNING, keys.job(job_id))
+                continue
+            queue = keys.queue(rec[0], rec[1] or "normal")
+            msg = task_message(self.celery, job_id, queue)
+            if self._requeue(keys=[keys.job(job_id), keys.job_lease(job_id), keys.RUNNING, queue],
+                             args=[msg]):
+                log.warning("job %s: its worker's lease expired; re-enqueued for takeover",
+                            job_id)
+                requeued += 1
+        return requeued
+
     def _end(self, job_id: str, attempt: int, state: str, event: str, data: dict[str, str],
              **fields: str) -> None:
         """Terminal write outside the engine path (fenced by attempt, like the publisher's)."""
         s = self.settings
-        self._finish(keys=[keys.job(job_id), keys.job_events(job_id), keys.job_lease(job_id)],
+        self._finish(keys=[keys.job(job_id), keys.job_events(job_id), keys.job_lease(job_id),
+                           keys.RUNNING],
                      args=[attempt, state, dumps({"finished_at": repr(time.time()), **fields}),
                            event, dumps(data), s.stream_maxlen, s.result_ttl_s])
 

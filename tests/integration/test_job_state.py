@@ -9,10 +9,11 @@ from typing import Any
 import redis
 
 from shared import keys
-from shared.jobs import ACQUIRE, APPEND, CANCEL, CREATE, FINISH, RENEW, dumps
+from shared.jobs import ACQUIRE, APPEND, CANCEL, CREATE, FINISH, RENEW, REQUEUE, dumps
 
 JOB = "job_t1"
 K3 = [keys.job(JOB), keys.job_events(JOB), keys.job_lease(JOB)]
+K4 = [*K3, keys.RUNNING]
 
 
 def create(r: redis.Redis, limit: int = 0, deadline: float | None = None) -> list[Any]:
@@ -26,13 +27,13 @@ def create(r: redis.Redis, limit: int = 0, deadline: float | None = None) -> lis
 
 
 def acquire(r: redis.Redis, worker: str = "w1", max_attempts: int = 3) -> list[Any]:
-    out: list[Any] = r.eval(ACQUIRE, 3, *K3, worker, 60000, max_attempts, repr(time.time()),
+    out: list[Any] = r.eval(ACQUIRE, 4, *K4, worker, 60000, max_attempts, repr(time.time()),
                             1000, 60)
     return out
 
 
 def finish(r: redis.Redis, attempt: int, state: str = "succeeded", event: str = "done") -> int:
-    return int(r.eval(FINISH, 3, *K3, attempt, state, dumps({"output": "x"}), event, "{}",
+    return int(r.eval(FINISH, 4, *K4, attempt, state, dumps({"output": "x"}), event, "{}",
                       1000, 60))
 
 
@@ -112,3 +113,23 @@ def test_renew_only_own_lease(r: redis.Redis) -> None:
     assert r.eval(RENEW, 1, keys.job_lease(JOB), "w1|1", 90000) == 1
     assert r.pttl(keys.job_lease(JOB)) > 60000
     assert r.eval(RENEW, 1, keys.job_lease(JOB), "w2|1", 90000) == 0
+
+
+def requeue(r: redis.Redis) -> int:
+    return int(r.eval(REQUEUE, 4, keys.job(JOB), keys.job_lease(JOB), keys.RUNNING, "q", "msg2"))
+
+
+def test_running_index_and_requeue_after_lease_expiry(r: redis.Redis) -> None:
+    create(r)
+    r.delete("q")
+    acquire(r, "w1")
+    assert r.zrange(keys.RUNNING, 0, -1) == [keys.job(JOB)]
+    assert requeue(r) == 0  # live lease: nothing to do
+    r.delete(keys.job_lease(JOB))  # the worker died
+    assert requeue(r) == 1 and r.lrange("q", 0, -1) == ["msg2"]
+    assert requeue(r) == 0  # exactly once, however many workers reconcile
+    assert r.zrange(keys.RUNNING, 0, -1) == []
+    assert acquire(r, "w2")[:2] == ["ok", 2]  # the takeover
+    assert r.zrange(keys.RUNNING, 0, -1) == [keys.job(JOB)]
+    assert finish(r, 2) == 1
+    assert r.zrange(keys.RUNNING, 0, -1) == []
