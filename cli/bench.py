@@ -248,9 +248,10 @@ def long_prompt_impact(url: str, model: str, streams: int = 7, long_words: int =
         for f in futures:
             f.result()
     start, end = window["start"], window["end"]
+    # A gap counts where it ends: a client feels a gap that ends during the prefill.
     before = [b - a for s in stamps for a, b in itertools.pairwise(s)
-              if start - settle_s / 2 < a and b < start]
-    during = [b - a for s in stamps for a, b in itertools.pairwise(s) if start <= a and b <= end]
+              if start - settle_s / 2 < b <= start]
+    during = [b - a for s in stamps for a, b in itertools.pairwise(s) if start < b <= end]
     out = {"prompt_tokens": window.get("prompt_tokens", 0.0),
            "prefill_s": end - start, "itl_p95_before_ms": 1000 * pct(before, 0.95),
            "itl_p95_during_ms": 1000 * pct(during, 0.95)}

@@ -10,6 +10,7 @@ Every transition is one Lua script, so it is atomic in Redis:
     cancel   (api)     queued -> cancelled at once; running -> cancel_requested=1
     renew    (worker)  extend the lease only while it is still ours
     requeue  (worker)  a running job whose lease expired goes back on its queue (takeover)
+    handback (worker)  a draining worker puts its running job back (same takeover path)
 
 The attempt check on every worker write is the fence: a worker that lost its
 lease (paused, partitioned) and comes back cannot write into a stream that a
@@ -123,6 +124,17 @@ if redis.call('HGET', KEYS[1], 'state') ~= 'running' or redis.call('EXISTS', KEY
 end
 redis.call('ZREM', KEYS[3], KEYS[1])
 redis.call('LPUSH', KEYS[4], ARGV[1])
+return 1
+"""
+
+# KEYS: job, lease, running index, queue; ARGV: our lease value, Celery message.
+# A draining worker gives a running job back: only while the lease is still ours.
+HANDBACK = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[2])
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
+redis.call('ZREM', KEYS[3], KEYS[1])
+redis.call('LPUSH', KEYS[4], ARGV[2])
 return 1
 """
 

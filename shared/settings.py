@@ -134,6 +134,8 @@ class Settings(BaseSettings):
     heartbeat_s: float = 2.0
     # How often each worker looks for running jobs whose lease expired (dead workers).
     reconcile_s: float = 2.0
+    # SIGTERM: stop taking jobs, let running ones finish this long, then hand them back.
+    drain_grace_s: float = 30.0
     worker_ttl_s: float = 10.0
 
     # SSE

@@ -61,7 +61,8 @@ def stack(stack_settings: Settings) -> Iterator[Stack]:
     """The API and one worker each for SmolLM2 and Gemma, as `tokenq up` starts them."""
     os.environ["TOKENQ_MAX_BODY_BYTES"] = str(stack_settings.max_body_bytes)
     # Short leases so a killed worker's job is taken over within seconds in tests.
-    os.environ.update(TOKENQ_LEASE_TTL_S="4", TOKENQ_HEARTBEAT_S="1", TOKENQ_RECONCILE_S="1")
+    os.environ.update(TOKENQ_LEASE_TTL_S="4", TOKENQ_HEARTBEAT_S="1", TOKENQ_RECONCILE_S="1",
+                      TOKENQ_DRAIN_GRACE_S="1")
     st = Stack(stack_settings, port=free_port(), workers=1, models=[SMOL, GEMMA, IDLE_MODEL],
                quiet=True)
     # Start workers only for the two real models; IDLE_MODEL keeps its jobs queued.

@@ -51,6 +51,12 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
         rt.start()
         tasks.set_runtime(rt)
 
+    @signals.worker_shutting_down.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _drain(**_: Any) -> None:
+        rt = tasks._runtime
+        if rt is not None:
+            rt.drain()
+
     @signals.worker_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
     def _stop(**_: Any) -> None:
         rt = tasks._runtime

@@ -33,7 +33,7 @@ class JobHandle:
     job_id: str
     attempt: int
     done: threading.Event = field(default_factory=threading.Event)
-    outcome: str = ""  # succeeded | failed | cancelled | fenced
+    outcome: str = ""  # succeeded | failed | cancelled | fenced | handed_back
     text: list[str] = field(default_factory=list)
     first_token_at: float | None = None
 
@@ -46,6 +46,9 @@ class Publisher:
         self._finish = r.register_script(FINISH)
         self._steps: queue.SimpleQueue[StepOutput | None] = queue.SimpleQueue()
         self._handles: dict[str, JobHandle] = {}
+        # Attempts handed back on drain: nothing more is written for them, ever (a late
+        # FINISH could otherwise land before the next attempt's ACQUIRE bumps the fence).
+        self._dropped: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="tokenq-publisher", daemon=True)
 
@@ -62,6 +65,10 @@ class Publisher:
         with self._lock:
             self._handles[job_id] = handle
         return handle
+
+    def drop(self, job_id: str, attempt: int) -> None:
+        with self._lock:
+            self._dropped.add((job_id, attempt))
 
     def untrack(self, job_id: str) -> None:
         with self._lock:
@@ -103,6 +110,14 @@ class Publisher:
 
     def _write(self, step: StepOutput) -> None:
         s = self._settings
+        if self._dropped:
+            step = StepOutput(
+                [t for t in step.tokens if (t.job_id, t.attempt) not in self._dropped],
+                [f for f in step.finished if (f.job_id, f.attempt) not in self._dropped])
+            for h in self.tracked():
+                if (h.job_id, h.attempt) in self._dropped:
+                    h.outcome = "handed_back"
+                    h.done.set()
         by_job: dict[tuple[str, int], list[TokenDelta]] = defaultdict(list)
         for t in step.tokens:
             by_job[(t.job_id, t.attempt)].append(t)

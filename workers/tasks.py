@@ -20,7 +20,7 @@ import redis
 
 from shared import keys
 from shared.celery_app import create_celery, task_message
-from shared.jobs import ACQUIRE, FINISH, RENEW, REQUEUE, dumps, lease_value
+from shared.jobs import ACQUIRE, FINISH, HANDBACK, RENEW, REQUEUE, dumps, lease_value
 from shared.schemas import EVENT_CANCELLED, EVENT_ERROR, SamplingParams
 from shared.settings import ModelConfig, Settings
 from workers.engines.base import Engine, EngineRequest
@@ -50,6 +50,7 @@ class WorkerRuntime:
         self._renew = self.r.register_script(RENEW)
         self._finish = self.r.register_script(FINISH)
         self._requeue = self.r.register_script(REQUEUE)
+        self._handback = self.r.register_script(HANDBACK)
         self.celery = create_celery(self.settings)
         self._heart = threading.Thread(target=self._heartbeat, name="tokenq-heartbeat",
                                        daemon=True)
@@ -183,6 +184,33 @@ class WorkerRuntime:
                             job_id)
                 requeued += 1
         return requeued
+
+    def drain(self) -> None:
+        """SIGTERM: Celery stops consuming at once; running jobs get `drain_grace_s` to
+        finish, then are handed back and continued by another worker from their tokens."""
+        def hand_back_later() -> None:
+            deadline = time.monotonic() + self.settings.drain_grace_s
+            while self.publisher.tracked() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            for h in self.publisher.tracked():
+                self.hand_back(h.job_id, h.attempt)
+
+        threading.Thread(target=hand_back_later, name="tokenq-drain", daemon=True).start()
+
+    def hand_back(self, job_id: str, attempt: int) -> None:
+        handle = next((h for h in self.publisher.tracked() if h.job_id == job_id), None)
+        if handle is None:
+            return
+        self.publisher.drop(job_id, attempt)  # nothing more is written for this attempt
+        self.engine.cancel(job_id)
+        handle.done.wait(5)  # every token step before the cancel has been written
+        rec: list[str | None] = self.r.hmget(  # type: ignore[assignment]
+            keys.job(job_id), ["model", "priority"])
+        queue = keys.queue(rec[0] or self.model, rec[1] or "normal")
+        ok = self._handback(keys=[keys.job(job_id), keys.job_lease(job_id), keys.RUNNING, queue],
+                            args=[lease_value(self.worker_id, attempt),
+                                  task_message(self.celery, job_id, queue)])
+        log.warning("job %s: handed back on drain (%s)", job_id, "requeued" if ok else "not ours")
 
     def _end(self, job_id: str, attempt: int, state: str, event: str, data: dict[str, str],
              **fields: str) -> None:
