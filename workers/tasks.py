@@ -163,12 +163,12 @@ class WorkerRuntime:
     def reconcile(self) -> int:
         """Re-enqueue running jobs whose lease expired (their worker died). Any worker may
         run this; the REQUEUE script checks and pushes atomically, so a job goes back once."""
-        stale = []
         running: list[str] = self.r.zrange(keys.RUNNING, 0, -1)  # type: ignore[assignment]
-        for job_key in running:
-            job_id = keys.job_id_of(job_key)
-            if not self.r.exists(keys.job_lease(job_id)):
-                stale.append(job_id)
+        ids = [keys.job_id_of(k) for k in running]
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.exists(keys.job_lease(job_id))
+        stale = [job_id for job_id, alive in zip(ids, pipe.execute(), strict=True) if not alive]
         requeued = 0
         for job_id in stale:
             rec: list[str | None] = self.r.hmget(  # type: ignore[assignment]

@@ -264,13 +264,17 @@ class LlamaCppEngine:
                 out.finished.append(Finished(req.job_id, req.attempt, "error", 0, 0,
                                              "bad_request", f"could not prepare the job: {exc}"))
                 continue
-            if len(prompt) + 1 > self.n_ctx_seq:
-                ll.llama_sampler_free(sampler)
-                out.finished.append(Finished(
-                    req.job_id, req.attempt, "error", len(prompt), 0, "context_length_exceeded",
-                    f"prompt has {len(prompt)} tokens; this worker's context is {self.n_ctx_seq}"))
-                continue
             tokens = prompt + req.resume_token_ids
+            if len(tokens) + 1 > self.n_ctx_seq:
+                ll.llama_sampler_free(sampler)
+                resumed = len(req.resume_token_ids)
+                out.finished.append(  # a takeover at the context's end just ends the job
+                    Finished(req.job_id, req.attempt, "length", len(prompt), resumed)
+                    if resumed else Finished(
+                        req.job_id, req.attempt, "error", len(prompt), 0,
+                        "context_length_exceeded", f"prompt has {len(prompt)} tokens; this "
+                        f"worker's context is {self.n_ctx_seq}"))
+                continue
             seq_id, reused = self._take_slot(tokens)
             self.prompt_tokens_total += len(tokens)
             self.prefix_reused_tokens += reused
