@@ -12,6 +12,7 @@ from fastapi import Depends, Request
 from api.streams import StreamHub
 from api.tokens import PromptCounter
 from shared.errors import Unauthorized
+from shared.metrics import ClusterMetrics
 from shared.settings import ModelConfig, Settings
 
 DEFAULT_TENANT = "default"
@@ -26,6 +27,7 @@ class AppState:
     models: dict[str, ModelConfig]
     counter: PromptCounter
     api_keys: dict[str, str] = field(default_factory=dict)
+    cluster_metrics: ClusterMetrics = field(default_factory=ClusterMetrics)
     scripts: dict[str, Any] = field(default_factory=dict)
 
 

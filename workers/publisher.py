@@ -36,6 +36,8 @@ class JobHandle:
     outcome: str = ""  # succeeded | failed | cancelled | fenced | handed_back
     text: list[str] = field(default_factory=list)
     first_token_at: float | None = None
+    usage: tuple[int, int] = (0, 0)  # prompt, completion tokens, set when the job ends
+    resumed: int = 0  # tokens an earlier attempt streamed (a takeover continues after them)
 
 
 class Publisher:
@@ -61,7 +63,7 @@ class Publisher:
 
     def track(self, job_id: str, attempt: int, emitted: list[str] | None = None) -> JobHandle:
         """Follow a job; `emitted` is the text an earlier attempt already streamed."""
-        handle = JobHandle(job_id, attempt, text=list(emitted or []))
+        handle = JobHandle(job_id, attempt, text=list(emitted or []), resumed=len(emitted or []))
         with self._lock:
             self._handles[job_id] = handle
         return handle
@@ -147,6 +149,7 @@ class Publisher:
         for f, ok in zip(step.finished, results[len(appended):], strict=True):
             handle = self._handles.get(f.job_id)
             if handle is not None and handle.attempt == f.attempt:
+                handle.usage = (f.prompt_tokens, f.completion_tokens)
                 handle.outcome = self._outcome(f) if ok else "fenced"
                 handle.done.set()
 

@@ -17,14 +17,16 @@ import time
 from dataclasses import dataclass, field
 
 import redis
+from prometheus_client import start_http_server
 
 from shared import keys
 from shared.celery_app import create_celery, task_message
 from shared.jobs import ACQUIRE, FINISH, HANDBACK, RENEW, REQUEUE, dumps, lease_value
+from shared.metrics import WorkerMetrics
 from shared.schemas import EVENT_CANCELLED, EVENT_ERROR, SamplingParams
 from shared.settings import ModelConfig, Settings
 from workers.engines.base import Engine, EngineRequest
-from workers.publisher import Publisher
+from workers.publisher import JobHandle, Publisher
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +53,18 @@ class WorkerRuntime:
         self._finish = self.r.register_script(FINISH)
         self._requeue = self.r.register_script(REQUEUE)
         self._handback = self.r.register_script(HANDBACK)
+        self.metrics = WorkerMetrics()
+        self.metrics_port: int | None = None
         self.celery = create_celery(self.settings)
         self._heart = threading.Thread(target=self._heartbeat, name="tokenq-heartbeat",
                                        daemon=True)
 
     def start(self) -> None:
+        if self.settings.worker_metrics_port is not None:
+            server, _ = start_http_server(self.settings.worker_metrics_port,
+                                          addr=self.settings.worker_metrics_addr,
+                                          registry=self.metrics.registry)
+            self.metrics_port = int(server.server_port)
         self.publisher.start()
         self.engine.start(self.publisher.sink)
         self._beat()
@@ -78,8 +87,10 @@ class WorkerRuntime:
         info = {"model": self.model, "backend": self.engine.backend, "slots": st.slots,
                 "running": st.running, "waiting": st.waiting,
                 "kv_cache_usage": st.kv_cache_usage, "prefix_hit_ratio": st.prefix_hit_ratio,
-                "ts": time.time(), "pid": os.getpid()}
+                "metrics_port": self.metrics_port, "ts": time.time(), "pid": os.getpid()}
         self.r.hset(keys.WORKERS, self.worker_id, dumps(info))
+        self.metrics.kv_cache.labels(self.model).set(st.kv_cache_usage)
+        self.metrics.prefix_hit.labels(self.model).set(st.prefix_hit_ratio)
 
     def _heartbeat(self) -> None:
         ttl_ms = int(self.settings.lease_ttl_s * 1000)
@@ -116,6 +127,7 @@ class WorkerRuntime:
             log.info("job %s: not run (%s)", job_id, status)
             return str(status)
         attempt, spec = int(got[1]), json.loads(got[2])
+        started = time.time()
         if got[3] == "1":  # cancelled while its message was on the way
             self._end(job_id, attempt, "cancelled", EVENT_CANCELLED, {})
             return "cancelled"
@@ -142,9 +154,29 @@ class WorkerRuntime:
                     # lease lost: a newer attempt owns the job; wait for the engine to let go
                     handle.done.wait(5)
                     break
+            self._observe(job_id, attempt, started, handle)
             return handle.outcome
         finally:
             self.publisher.untrack(job_id)
+
+    def _observe(self, job_id: str, attempt: int, started: float, handle: JobHandle) -> None:
+        """Latencies are measured from the job's creation, so they include the queue."""
+        m, model, now = self.metrics, self.model, time.time()
+        if handle.outcome in ("succeeded", "failed", "cancelled"):
+            m.jobs.labels(model, handle.outcome).inc()
+        prompt, completion = handle.usage
+        m.prompt_tokens.labels(model).inc(prompt)
+        m.generation_tokens.labels(model).inc(max(0, completion - handle.resumed))
+        created = self.r.hget(keys.job(job_id), "created_at")
+        if attempt != 1 or not created or handle.outcome != "succeeded":
+            return
+        t0 = float(created)
+        m.queue_time.labels(model).observe(max(0.0, started - t0))
+        m.e2e.labels(model).observe(max(0.0, now - t0))
+        if handle.first_token_at is not None:
+            m.ttft.labels(model).observe(max(0.0, handle.first_token_at - t0))
+            if completion > 1:
+                m.tpot.labels(model).observe((now - handle.first_token_at) / (completion - 1))
 
     def _emitted(self, job_id: str) -> tuple[list[int], list[str]]:
         """Token ids and texts already in the job's stream, in index order."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
@@ -48,6 +49,48 @@ async def ready(state: StateDep) -> JSONResponse:
     return JSONResponse(body, status_code=200 if not missing else 503)
 
 
+async def _oldest_age(state: StateDep, queue: str, now: float) -> float:
+    """Age of the job at the consuming end (the tail: LPUSH in, BRPOP out) of a queue."""
+    raw = await state.redis.lindex(queue, -1)
+    if not raw:
+        return 0.0
+    try:
+        job_id = json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return 0.0
+    created = await state.redis.hget(keys.job(job_id), "created_at")
+    return max(0.0, now - float(created)) if created else 0.0
+
+
 @router.get("/metrics")
-async def metrics() -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+async def metrics(state: StateDep) -> Response:
+    """The cluster view from Redis (queues, workers) + this process's own metrics. Each
+    worker's engine metrics are on its own port (`metrics_port` in its heartbeat)."""
+    m, now = state.cluster_metrics, time.time()
+    for g in (m.queue_depth, m.queue_oldest_age, m.workers, m.running, m.waiting, m.free_slots,
+              m.kv_cache):
+        g.clear()
+    try:
+        raw: dict[str, str] = await state.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
+        beats = [json.loads(v) for v in raw.values()]
+        beats = [b for b in beats if b.get("ts", 0) >= now - state.settings.worker_ttl_s]
+        for model in state.models:
+            depth = 0
+            for prio in keys.PRIORITIES:
+                queue = keys.queue(model, prio)
+                n = int(await state.redis.llen(queue))
+                depth += n
+                m.queue_depth.labels(model, prio).set(n)
+                m.queue_oldest_age.labels(model, prio).set(await _oldest_age(state, queue, now))
+            mine = [b for b in beats if b["model"] == model]
+            m.running.labels(model).set(sum(b["running"] for b in mine))
+            m.waiting.labels(model).set(depth + sum(b["waiting"] for b in mine))
+            m.free_slots.labels(model).set(sum(b["slots"] - b["running"] for b in mine))
+            m.kv_cache.labels(model).set(max((b["kv_cache_usage"] for b in mine), default=0.0))
+            for backend in {b["backend"] for b in mine}:
+                m.workers.labels(model, backend).set(
+                    sum(1 for b in mine if b["backend"] == backend))
+    except RedisError:
+        pass  # the process metrics still answer; /ready reports Redis
+    body = generate_latest(m.registry) + generate_latest()
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
