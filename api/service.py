@@ -7,11 +7,9 @@ record, the Celery message and the `queued` event in one atomic step.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 from api.deps import AppState
 from shared import keys
@@ -129,7 +127,8 @@ async def cancel(state: AppState, tenant: str, job_id: str, wait_s: float = 2.0)
 
 
 async def events(state: AppState, job_id: str,
-                 after: str | None) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
-    """(id, event, data) for each stream entry after `after`, to the terminal event."""
+                 after: str | None) -> AsyncIterator[tuple[str, str, str]]:
+    """(id, event, data JSON) for each stream entry after `after`, to the terminal event.
+    The data is relayed as the worker wrote it: no parse and re-encode per token."""
     async for entry_id, fields in state.hub.subscribe(keys.job_events(job_id), after):
-        yield entry_id, fields["e"], json.loads(fields["d"])
+        yield entry_id, fields["e"], fields["d"]

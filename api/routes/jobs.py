@@ -11,7 +11,6 @@ from api import service
 from api.deps import StateDep, TenantDep
 from api.streams import is_valid_id
 from shared.errors import InvalidRequest
-from shared.jobs import dumps
 from shared.schemas import JobAccepted, JobRecord, JobRequest
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -49,7 +48,7 @@ async def job_events(
 
     async def gen() -> AsyncIterator[ServerSentEvent]:
         async for entry_id, event, data in service.events(state, job_id, after):
-            yield ServerSentEvent(id=entry_id, event=event, data=dumps(data))
+            yield ServerSentEvent(id=entry_id, event=event, data=data)
 
     s = state.settings
     return EventSourceResponse(gen(), ping=s.sse_ping_s, send_timeout=s.sse_send_timeout_s)

@@ -29,8 +29,7 @@ def test_cluster_metrics_from_redis(client: httpx.Client) -> None:
     depth0 = value(before, "tokenq_queue_depth", model=NO_WORKER_MODEL, priority="low")
     client.post("/v1/jobs", json={"model": NO_WORKER_MODEL, "prompt": "hi", "max_tokens": 2,
                                   "priority": "low"}).raise_for_status()
-    time.sleep(0.3)
-    after = client.get("/metrics").text
+    after = client.get("/metrics").text  # read from Redis at scrape: no wait needed
     assert value(after, "tokenq_queue_depth", model=NO_WORKER_MODEL, priority="low") == depth0 + 1
     assert value(after, "tokenq_queue_oldest_age_seconds", model=NO_WORKER_MODEL,
                  priority="low") > 0
@@ -57,7 +56,10 @@ def test_worker_engine_metrics_move(client: httpx.Client, stack_redis: redis.Red
     job = client.post("/v1/jobs", json={"model": SMOL, "prompt": "Hello", "max_tokens": 6,
                                         "temperature": 0}).json()
     n = sum(e.event == "token" for e in stream_events(client, job["id"]))
-    time.sleep(0.5)  # the task records after the terminal write
+    deadline = time.monotonic() + 10  # the task records just after the terminal write
+    while scrape("tokenq_jobs_total", model=SMOL, state="succeeded") == done0:
+        assert time.monotonic() < deadline, "tokenq_jobs_total did not move"
+        time.sleep(0.1)
     assert scrape("tokenq_jobs_total", model=SMOL, state="succeeded") == done0 + 1
     assert scrape("tokenq_generation_tokens_total", model=SMOL) == gen0 + n
     assert scrape("tokenq_time_to_first_token_seconds_count", model=SMOL) == ttft0 + 1

@@ -76,6 +76,7 @@ class Vocab:
         self.model = model
         self.vocab = ll.llama_model_get_vocab(model)
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self._pieces: dict[int, bytes] = {}
         tmpl = ll.llama_model_chat_template(model, None)
         self.chat_template = cfg.chat_template or (tmpl.decode() if tmpl else None)
         self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
@@ -105,12 +106,17 @@ class Vocab:
         return list(buf[:n])
 
     def piece(self, tok: int) -> bytes:
+        """A token's bytes (cached: this runs for every generated token)."""
+        cached = self._pieces.get(tok)
+        if cached is not None:
+            return cached
         buf = ctypes.create_string_buffer(64)
         n = ll.llama_token_to_piece(self.vocab, tok, buf, 64, 0, False)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = ll.llama_token_to_piece(self.vocab, tok, buf, -n, 0, False)
-        return buf.raw[:n]
+        self._pieces[tok] = buf.raw[:n]
+        return self._pieces[tok]
 
     def is_eog(self, tok: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self.vocab, tok))
