@@ -57,6 +57,7 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
             await r.aclose()
 
     app = FastAPI(title="tokenq", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(openai.router)

@@ -28,6 +28,7 @@ class AppState:
     counter: PromptCounter
     api_keys: dict[str, str] = field(default_factory=dict)
     cluster_metrics: ClusterMetrics = field(default_factory=ClusterMetrics)
+    draining: bool = False  # SIGTERM received: refuse new jobs, let open streams finish
     scripts: dict[str, Any] = field(default_factory=dict)
 
 

@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared.errors import QueueFull, TokenqError
+from shared.errors import TokenqError
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,8 @@ def _param(loc: tuple[Any, ...]) -> str | None:
 def install(app: FastAPI) -> None:
     @app.exception_handler(TokenqError)
     async def _domain(_: Request, exc: TokenqError) -> JSONResponse:
-        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, QueueFull) else None
+        retry_after = getattr(exc, "retry_after", None)
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
         return envelope(exc.status, exc.message, exc.type, exc.code, exc.param, headers)
 
     @app.exception_handler(RequestValidationError)

@@ -14,7 +14,14 @@ from collections.abc import AsyncIterator
 from api.deps import AppState
 from shared import keys
 from shared.celery_app import task_message
-from shared.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, NotFound, QueueFull
+from shared.errors import (
+    ContextLengthExceeded,
+    Draining,
+    InvalidRequest,
+    ModelNotFound,
+    NotFound,
+    QueueFull,
+)
 from shared.jobs import dumps
 from shared.models import select_backend
 from shared.schemas import JobAccepted, JobRecord, JobRequest, SamplingParams
@@ -52,6 +59,8 @@ def resolve_params(req: JobRequest, cfg: ModelConfig, max_tokens_limit: int,
 async def submit(state: AppState, tenant: str, req: JobRequest,
                  *, deadline: float | None = None) -> JobAccepted:
     s = state.settings
+    if state.draining:
+        raise Draining("this API replica is shutting down; retry (another replica will serve)")
     cfg = state.models.get(req.model)
     if cfg is None:
         raise ModelNotFound(f"model {req.model!r} is not served here", param="model")

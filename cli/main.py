@@ -44,10 +44,10 @@ def api(
     port: Annotated[int, typer.Option()] = 8000,
 ) -> None:
     """Run only the API (uvicorn); needs TOKENQ_REDIS_URL."""
-    import uvicorn
+    from api.server import serve
 
     _settings().require_redis_url()
-    uvicorn.run("api.app:app_from_env", factory=True, host=host, port=port)
+    serve(host, port)
 
 
 @app.command()

@@ -82,9 +82,8 @@ class Stack:
             self.redis_url = self.redis.url
             log.info("embedded redis-server on %s", self.redis_url)
         py = sys.executable
-        self.api = self._spawn("api", [
-            py, "-m", "uvicorn", "api.app:app_from_env", "--factory", "--host", self.host,
-            "--port", str(self.port), "--no-access-log", "--log-level", "warning"])
+        self.api = self._spawn("api", [py, "-m", "api.server", "--host", self.host,
+                                       "--port", str(self.port)])
         for model in self.models if worker_models is None else worker_models:
             for _ in range(self.workers):
                 self.add_worker(model)
@@ -121,8 +120,8 @@ class Stack:
         raise TimeoutError(f"stack not ready after {timeout:.0f}s: {last}")
 
     def stop(self) -> None:
-        if self.api is not None:
-            _terminate([self.api], 10)
+        if self.api is not None:  # drains: open streams get api_drain_s to finish
+            _terminate([self.api], self.settings.api_drain_s + 10)
         _terminate([p for _, p in self.worker_procs], self.drain_timeout_s)
         if self.redis is not None:
             self.redis.stop()

@@ -82,6 +82,15 @@ class QueueFull(TokenqError):
         self.retry_after = retry_after
 
 
+class Draining(TokenqError):
+    """This API replica is shutting down; retry on another (503)."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "draining"
+    retry_after = 1
+
+
 class NoWorker(TokenqError):
     """No live worker serves this model (503)."""
 

@@ -134,6 +134,8 @@ class Settings(BaseSettings):
     heartbeat_s: float = 2.0
     # How often each worker looks for running jobs whose lease expired (dead workers).
     reconcile_s: float = 2.0
+    # API on SIGTERM: refuse new jobs (503) and let open streams finish, at most this long.
+    api_drain_s: float = 30.0
     # Each worker serves its engine metrics here (0: a free port; advertised in heartbeats).
     worker_metrics_addr: str = "127.0.0.1"
     worker_metrics_port: int | None = 0

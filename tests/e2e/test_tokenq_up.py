@@ -41,7 +41,7 @@ def test_up_serves_a_job_and_sigterm_leaves_no_process(tmp_path: Path) -> None:
             raise AssertionError("tokenq up never became ready")
         children = psutil.Process(proc.pid).children(recursive=True)
         names = " ".join(" ".join(c.cmdline()) for c in children)
-        assert "redis-server" in names and "uvicorn" in names and "worker" in names
+        assert "redis-server" in names and "api.server" in names and "worker" in names
 
         with httpx.Client(base_url=url, timeout=60) as client:
             job = client.post("/v1/jobs", json={

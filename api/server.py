@@ -1,0 +1,66 @@
+"""Run the API under uvicorn with a drain: SIGTERM -> new jobs get 503, open streams go on.
+
+uvicorn alone stops listening at the first SIGTERM. Here the first SIGTERM only marks the
+app draining (POST /v1/jobs answers 503 with Retry-After, so a load balancer's retry goes
+to another replica) and waits until no SSE stream is open, at most `api_drain_s`; then
+uvicorn shuts down and cuts what is left (clients resume elsewhere with Last-Event-ID).
+A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from api.app import app_from_env
+from api.deps import AppState
+
+log = logging.getLogger("tokenq.api")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_s: float):
+        super().__init__(config)
+        self.app = app
+        self.drain_s = drain_s
+        self.draining = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        state: AppState | None = getattr(self.app.state, "tokenq", None)
+        if self.draining or state is None:
+            super().handle_exit(sig, frame)
+            return
+        self.draining = state.draining = True
+        log.warning("draining: new jobs get 503; waiting up to %.0fs for %d open stream(s)",
+                    self.drain_s, state.hub.watched)
+
+        def finish() -> None:
+            deadline = time.monotonic() + self.drain_s
+            while state.hub.watched and time.monotonic() < deadline:
+                time.sleep(0.1)
+            super(DrainingServer, self).handle_exit(sig, frame)
+
+        threading.Thread(target=finish, name="tokenq-api-drain", daemon=True).start()
+
+
+def serve(host: str, port: int) -> None:
+    app = app_from_env()
+    settings = app.state.settings
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=2)
+    DrainingServer(config, app, settings.api_drain_s).run()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="the tokenq API with drain on SIGTERM")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args()
+    serve(args.host, args.port)
