@@ -132,17 +132,31 @@ class Publisher:
                 args += [dumps({"text": t.text, "index": t.index}), t.token_id]
             self._append(keys=self._job_keys(job_id)[:3], args=args, client=pipe)
             appended.append((job_id, attempt))
+        # The handles' text feeds FINISH's `output` below; remember where each stood so a
+        # failed write (the step is retried) does not add the same text twice.
+        before: dict[str, int] = {}
+        for (job_id, _), toks in by_job.items():
             handle = self._handles.get(job_id)
             if handle is not None:
+                before[job_id] = len(handle.text)
                 handle.text.extend(t.text for t in toks)
-                if handle.first_token_at is None:
-                    handle.first_token_at = now
         for f in step.finished:
             state, event, data, fields = self._terminal(f)
             self._finish(keys=self._job_keys(f.job_id),
                          args=[f.attempt, state, dumps(fields), event, dumps(data),
                                s.stream_maxlen, s.result_ttl_s], client=pipe)
-        results = pipe.execute()
+        try:
+            results = pipe.execute()
+        except redis.RedisError:
+            for job_id, n in before.items():
+                handle = self._handles.get(job_id)
+                if handle is not None:
+                    del handle.text[n:]
+            raise
+        for job_id, _ in appended:
+            handle = self._handles.get(job_id)
+            if handle is not None and handle.first_token_at is None:
+                handle.first_token_at = now
         for (job_id, _), ok in zip(appended, results, strict=False):
             if not ok:
                 log.warning("job %s: token write fenced off (newer attempt or job ended)", job_id)
