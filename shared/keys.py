@@ -28,6 +28,11 @@ def job_lease(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:lease"
 
 
+def job_script_keys(job_id: str) -> list[str]:
+    """KEYS for the ACQUIRE and FINISH scripts (APPEND takes the first three)."""
+    return [job(job_id), job_events(job_id), job_lease(job_id), RUNNING]
+
+
 def job_id_of(job_key: str) -> str:
     """tokenq:job:{id} -> id."""
     return job_key.rsplit(":", 1)[-1]

@@ -130,7 +130,7 @@ class Publisher:
             args: list[str | int] = [attempt, s.stream_maxlen]
             for t in toks:
                 args += [dumps({"text": t.text, "index": t.index}), t.token_id]
-            self._append(keys=self._job_keys(job_id)[:3], args=args, client=pipe)
+            self._append(keys=keys.job_script_keys(job_id)[:3], args=args, client=pipe)
             appended.append((job_id, attempt))
         # The handles' text feeds FINISH's `output` below; remember where each stood so a
         # failed write (the step is retried) does not add the same text twice.
@@ -142,7 +142,7 @@ class Publisher:
                 handle.text.extend(t.text for t in toks)
         for f in step.finished:
             state, event, data, fields = self._terminal(f)
-            self._finish(keys=self._job_keys(f.job_id),
+            self._finish(keys=keys.job_script_keys(f.job_id),
                          args=[f.attempt, state, dumps(fields), event, dumps(data),
                                s.stream_maxlen, s.result_ttl_s], client=pipe)
         try:
@@ -189,7 +189,3 @@ class Publisher:
     def _outcome(f: Finished) -> str:
         return {"stop": "succeeded", "length": "succeeded", "cancelled": "cancelled"}.get(
             f.reason, "failed")
-
-    @staticmethod
-    def _job_keys(job_id: str) -> list[str]:
-        return [keys.job(job_id), keys.job_events(job_id), keys.job_lease(job_id), keys.RUNNING]

@@ -118,8 +118,7 @@ class WorkerRuntime:
     def run_job(self, job_id: str) -> str:
         s = self.settings
         got = self._acquire(
-            keys=[keys.job(job_id), keys.job_events(job_id), keys.job_lease(job_id),
-                  keys.RUNNING],
+            keys=keys.job_script_keys(job_id),
             args=[self.worker_id, int(s.lease_ttl_s * 1000), s.max_attempts, repr(time.time()),
                   s.stream_maxlen, s.result_ttl_s])
         status = got[0]
@@ -248,8 +247,7 @@ class WorkerRuntime:
              **fields: str) -> None:
         """Terminal write outside the engine path (fenced by attempt, like the publisher's)."""
         s = self.settings
-        self._finish(keys=[keys.job(job_id), keys.job_events(job_id), keys.job_lease(job_id),
-                           keys.RUNNING],
+        self._finish(keys=keys.job_script_keys(job_id),
                      args=[attempt, state, dumps({"finished_at": repr(time.time()), **fields}),
                            event, dumps(data), s.stream_maxlen, s.result_ttl_s])
 
