@@ -220,8 +220,10 @@ def long_prompt_impact(url: str, model: str, streams: int = 7, long_words: int =
     window: dict[str, float] = {}
 
     def background(i: int) -> None:
-        body = {"model": model, "prompt": prompt_text(1000 + i, 60), "max_tokens": max_tokens,
-                "temperature": 0.7, "seed": i}
+        # Streams must still be decoding when the long prompt lands: invite a long text
+        # (a "Summary:" prompt can end at once on a small model).
+        body = {"model": model, "max_tokens": max_tokens, "temperature": 0.7, "seed": i,
+                "prompt": f"Chapter {i + 1}. The night shift at the call center began when"}
         resp = client.post("/v1/jobs", json=body)
         for ev in stream_events(client, resp.json()["id"], timeout=600):
             if ev.event == "token":
