@@ -61,6 +61,10 @@ class SamplingParams(BaseModel):
     repetition_penalty: float
     stop: list[str] = Field(default_factory=list)
     seed: int | None = None
+    # Structured output: the JSON schema the text must satisfy ({"type": "object"} for
+    # response_format json_object). llama.cpp turns it into a grammar, vLLM into
+    # structured-output params. None = free text.
+    json_schema: dict[str, Any] | None = None
 
 
 class JobRequest(BaseModel):
