@@ -151,6 +151,15 @@ class Settings(BaseSettings):
     worker_model: str | None = None
     worker_threads: int | None = None
 
+    # autoscaler (`tokenq autoscale`, `tokenq up --autoscale`; see cli/scaling.py)
+    autoscale_min: int = 0
+    autoscale_max: int = 4
+    autoscale_interval_s: float = 2.0
+    autoscale_up_window_s: float = 0.0
+    autoscale_down_window_s: float = 30.0
+    autoscale_cooldown_s: float = 30.0
+    autoscale_target_per_worker: int | None = None  # None: the engine's slots
+
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
         if self.env == "production":
