@@ -139,6 +139,9 @@ class Settings(BaseSettings):
     # Each worker serves its engine metrics here (0: a free port; advertised in heartbeats).
     worker_metrics_addr: str = "127.0.0.1"
     worker_metrics_port: int | None = 0
+    # The host advertised for it (Prometheus service discovery through the API's
+    # /metrics/targets); default: the bound address, or this host's name if bound to all.
+    worker_metrics_host: str | None = None
     # SIGTERM: stop taking jobs, let running ones finish this long, then hand them back.
     drain_grace_s: float = 30.0
     worker_ttl_s: float = 10.0

@@ -87,10 +87,19 @@ class WorkerRuntime:
         info = {"model": self.model, "backend": self.engine.backend, "slots": st.slots,
                 "running": st.running, "waiting": st.waiting,
                 "kv_cache_usage": st.kv_cache_usage, "prefix_hit_ratio": st.prefix_hit_ratio,
-                "metrics_port": self.metrics_port, "ts": time.time(), "pid": os.getpid()}
+                "metrics_port": self.metrics_port, "metrics_host": self._metrics_host(),
+                "ts": time.time(), "pid": os.getpid()}
         self.r.hset(keys.WORKERS, self.worker_id, dumps(info))
         self.metrics.kv_cache.labels(self.model).set(st.kv_cache_usage)
         self.metrics.prefix_hit.labels(self.model).set(st.prefix_hit_ratio)
+
+    def _metrics_host(self) -> str:
+        """Where Prometheus reaches this worker's metrics port (the API's /metrics/targets)."""
+        s = self.settings
+        if s.worker_metrics_host:
+            return s.worker_metrics_host
+        bound = s.worker_metrics_addr
+        return socket.gethostname() if bound in ("", "0.0.0.0", "::") else bound
 
     def _heartbeat(self) -> None:
         ttl_ms = int(self.settings.lease_ttl_s * 1000)

@@ -85,7 +85,6 @@ def test_autoscaler_follows_a_burst_up_and_back_to_min(
             "temperature": 0}).json()["id"] for i in range(BURST)]
         streams: dict[str, list[Event]] = {
             job_id: list(stream_events(client, job_id, timeout=180)) for job_id in ids}
-        done_at = time.monotonic()
         records = [client.get(f"/v1/jobs/{job_id}").json() for job_id in ids]
 
     assert scaler.peak[MODEL] == 3  # clamp(ceil(12 / 2), 0, 3)
