@@ -140,7 +140,7 @@ class Settings(BaseSettings):
     worker_metrics_addr: str = "127.0.0.1"
     worker_metrics_port: int | None = 0
     # The host advertised for it (Prometheus service discovery through the API's
-    # /metrics/targets); default: the bound address, or this host's name if bound to all.
+    # /metrics/targets); default: the bound address, or this host's IP if bound to all.
     worker_metrics_host: str | None = None
     # SIGTERM: stop taking jobs, let running ones finish this long, then hand them back.
     drain_grace_s: float = 30.0
