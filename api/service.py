@@ -10,6 +10,10 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 
 from api.deps import AppState
 from shared import keys
@@ -24,7 +28,7 @@ from shared.errors import (
 )
 from shared.jobs import dumps
 from shared.models import select_backend
-from shared.schemas import JobAccepted, JobRecord, JobRequest, SamplingParams
+from shared.schemas import JobAccepted, JobRecord, JobRequest, ResponseFormat, SamplingParams
 from shared.settings import ModelConfig
 
 MAX_STOP_LEN = 64
@@ -53,20 +57,40 @@ def resolve_params(req: JobRequest, cfg: ModelConfig, max_tokens_limit: int,
                             else req.repetition_penalty),
         stop=[*stops, *(s for s in cfg.stop if s not in stops)],
         seed=req.seed,
+        json_schema=json_schema_of(req.response_format),
     )
 
 
-async def submit(state: AppState, tenant: str, req: JobRequest,
-                 *, deadline: float | None = None) -> JobAccepted:
+def json_schema_of(fmt: ResponseFormat | None) -> dict[str, Any] | None:
+    """OpenAI's response_format -> the JSON schema engines constrain decoding to."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "object"}
+    spec = fmt.json_schema or {}
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise InvalidRequest("response_format.json_schema.schema must be a JSON schema object",
+                             param="response_format")
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise InvalidRequest(f"response_format.json_schema.schema is not a valid JSON schema: "
+                             f"{exc.message}", param="response_format") from exc
+    return schema
+
+
+async def submit(state: AppState, tenant: str, req: JobRequest, *,
+                 deadline: float | None = None, job_id: str | None = None,
+                 extra: dict[str, str] | None = None) -> JobAccepted:
+    """Validate and enqueue. `job_id` makes it idempotent (batch lines); `extra` adds record
+    fields (the OpenAI endpoint a batch line came from, its batch and custom_id)."""
     s = state.settings
     if state.draining:
         raise Draining("this API replica is shutting down; retry (another replica will serve)")
     cfg = state.models.get(req.model)
     if cfg is None:
         raise ModelNotFound(f"model {req.model!r} is not served here", param="model")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise InvalidRequest("response_format json_object/json_schema is not supported yet",
-                             param="response_format")
     params = resolve_params(req, cfg, s.max_tokens_limit, s.max_stop_sequences)
     backend = select_backend(cfg)
     context = cfg.context_length(backend)
@@ -86,7 +110,7 @@ async def submit(state: AppState, tenant: str, req: JobRequest,
             f"max_tokens is {params.max_tokens}; shorten the prompt or lower max_tokens",
             param="messages" if messages is not None else "prompt")
 
-    job_id = new_job_id()
+    job_id = job_id or new_job_id()
     now = time.time()
     spec = {"prompt": req.prompt, "messages": messages, "params": params.model_dump()}
     fields = {
@@ -99,6 +123,7 @@ async def submit(state: AppState, tenant: str, req: JobRequest,
         fields["metadata"] = dumps(req.metadata)
     if deadline is not None:
         fields["deadline"] = repr(deadline)
+    fields.update(extra or {})
     queue = keys.queue(req.model, req.priority)
     ok, depth = await state.scripts["create"](
         keys=[keys.job(job_id), keys.job_events(job_id), queue, keys.tenant_jobs(tenant)],
