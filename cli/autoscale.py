@@ -161,11 +161,12 @@ class Autoscaler:
 
     # -- lifecycle ---------------------------------------------------------------------
     def step(self) -> None:
-        """One tick; a Redis outage holds the workers as they are, it does not end the loop."""
+        """One tick; a Redis outage (or a worker that cannot be started: OSError) holds the
+        workers as they are and is retried next tick, it does not end the loop."""
         try:
             self.tick()
-        except redis.RedisError as exc:
-            log.error("autoscale: cannot read Redis (%s); holding", exc)
+        except (redis.RedisError, OSError) as exc:
+            log.error("autoscale: tick failed (%s); holding", exc)
 
     def run(self, stop: threading.Event, interval_s: float) -> None:
         while not stop.is_set():
