@@ -65,18 +65,22 @@ class Autoscaler:
     peak: dict[str, int] = field(default_factory=dict)
     _deciders: dict[str, Decider] = field(default_factory=dict)
     _last_logged: dict[str, tuple[int, int, str]] = field(default_factory=dict)
+    _config_slots: dict[str, int] = field(default_factory=dict)  # before any heartbeat
     _host: str = field(default_factory=socket.gethostname)
 
     def __post_init__(self) -> None:
+        registry = self.settings.models()
         for m in self.models:
+            if m not in registry:
+                raise SystemExit(f"unknown model {m!r}; known: {', '.join(registry)}")
+            cfg = registry[m]
+            self._config_slots[m] = (cfg.max_num_seqs if select_backend(cfg) == "vllm"
+                                     else cfg.n_parallel)
             self.procs.setdefault(m, [])
             self.peak.setdefault(m, 0)
             self._deciders[m] = Decider(self.policy)
 
     # -- reading Redis -----------------------------------------------------------------
-    def _config_slots(self, model: str) -> int:
-        cfg = self.settings.models()[model]
-        return cfg.max_num_seqs if select_backend(cfg) == "vllm" else cfg.n_parallel
 
     def observe(self, model: str) -> Inputs:
         pipe = self.r.pipeline(transaction=False)
@@ -93,7 +97,7 @@ class Autoscaler:
             running=sum(int(b["running"]) for b in beats.values()),
             free_slots=sum(int(b["slots"]) - int(b["running"]) for b in beats.values()),
             slots_per_worker=max((int(b["slots"]) for b in beats.values()),
-                                 default=self._config_slots(model)),
+                                 default=self._config_slots[model]),
             current=len(self.procs[model]),
             external=sum(1 for wid in beats if wid not in ours))
 
