@@ -36,7 +36,7 @@ def jsonl(lines: list[Any]) -> bytes:
     return "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines).encode()
 
 
-def wait_status(oai: openai.OpenAI, batch_id: str, want: set[str], timeout: float = 180
+def wait_status(oai: openai.OpenAI, batch_id: str, want: set[str], timeout: float = 600
                 ) -> Any:
     deadline = time.time() + timeout
     while (b := oai.batches.retrieve(batch_id)).status not in want:
