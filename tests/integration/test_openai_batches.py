@@ -149,7 +149,7 @@ def test_cancel_mid_run_keeps_finished_results(oai: openai.OpenAI) -> None:
     f = oai.files.create(file=("m.jsonl", jsonl(lines)), purpose="batch")
     b = oai.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
                            completion_window="24h")
-    deadline = time.time() + 180
+    deadline = time.time() + 600
     while True:
         cur = oai.batches.retrieve(b.id)
         if cur.request_counts and cur.request_counts.completed >= 1:
