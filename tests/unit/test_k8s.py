@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +177,13 @@ def test_scaled_objects_scale_each_worker_on_its_models_backlog(
         slots = cfg.max_num_seqs if cfg.backend == "vllm" else cfg.n_parallel
         assert int(trigger["metadata"]["threshold"]) == slots
         assert so["spec"]["minReplicaCount"] <= so["spec"]["maxReplicaCount"]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+def test_kustomize_builds_every_object_into_the_namespace() -> None:
+    out = subprocess.run(["kubectl", "kustomize", str(K8S)], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    built = [d for d in yaml.safe_load_all(out) if d]
+    assert {(d["kind"], d["metadata"]["name"]) for d in built} \
+        == {(d["kind"], d["metadata"]["name"]) for d in documents()}
+    assert {d["metadata"]["namespace"] for d in built} == {"tokenq"}
