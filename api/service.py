@@ -10,6 +10,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 from api.deps import AppState
 from shared import keys
@@ -56,6 +57,21 @@ def resolve_params(req: JobRequest, cfg: ModelConfig, max_tokens_limit: int,
     )
 
 
+def response_schema(req: JobRequest) -> dict[str, Any] | None:
+    """response_format -> the JSON schema engines constrain to (None: free text)."""
+    rf = req.response_format
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        return {"type": "object"}
+    spec = rf.json_schema or {}
+    schema = spec.get("schema", spec)  # OpenAI nests it: {"name", "schema", "strict"}
+    if not isinstance(schema, dict) or not schema:
+        raise InvalidRequest("response_format json_schema needs json_schema.schema",
+                             param="response_format")
+    return schema
+
+
 async def submit(state: AppState, tenant: str, req: JobRequest,
                  *, deadline: float | None = None) -> JobAccepted:
     s = state.settings
@@ -64,11 +80,13 @@ async def submit(state: AppState, tenant: str, req: JobRequest,
     cfg = state.models.get(req.model)
     if cfg is None:
         raise ModelNotFound(f"model {req.model!r} is not served here", param="model")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise InvalidRequest("response_format json_object/json_schema is not supported yet",
-                             param="response_format")
     params = resolve_params(req, cfg, s.max_tokens_limit, s.max_stop_sequences)
     backend = select_backend(cfg)
+    params.json_schema = response_schema(req)
+    if params.json_schema is not None and backend != "vllm":
+        raise InvalidRequest("response_format json_object/json_schema needs a vLLM-served "
+                             "model for now (llama.cpp grammars have not landed)",
+                             param="response_format")
     context = cfg.context_length(backend)
     if params.max_tokens >= context:
         raise ContextLengthExceeded(

@@ -77,14 +77,26 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
         if rt is not None:
             rt.drain()
 
+    engine_dead = False
+
     @signals.worker_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
     def _stop(**_: Any) -> None:
+        nonlocal engine_dead
         rt = tasks._runtime
         if rt is not None:
+            engine_dead = rt.engine_dead.is_set()
             rt.close()
             tasks.set_runtime(None)
 
     slots = cfg.n_parallel if select_backend(cfg) == "llama" else cfg.max_num_seqs
+    try:
+        _worker_main(app, model, slots, loglevel)
+    finally:
+        if engine_dead:  # a non-zero exit, so a supervisor starts a fresh worker
+            raise SystemExit(f"worker for {model!r}: its engine died; exiting")
+
+
+def _worker_main(app: Any, model: str, slots: int, loglevel: str) -> None:
     app.worker_main([
         "worker", "--pool=threads", f"--concurrency={slots}",
         "-Q", ",".join(keys.model_queues(model)),

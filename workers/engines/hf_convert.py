@@ -13,6 +13,7 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +22,11 @@ def convert_gguf(gguf: Path, out: Path, chat_template: str | None = None) -> Pat
     """Write `out` (config, safetensors, tokenizer) from `gguf`; atomic: a half-written
     folder never looks converted."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import transformers
+
+    # Any: transformers' stubs vary by version; this module is its only caller here.
+    auto_model: Any = transformers.AutoModelForCausalLM
+    auto_tok: Any = transformers.AutoTokenizer
 
     if (out / "config.json").exists():
         return out
@@ -30,16 +35,15 @@ def convert_gguf(gguf: Path, out: Path, chat_template: str | None = None) -> Pat
     try:
         src_dir, name = str(gguf.parent), gguf.name
         log.info("converting %s to a Hugging Face folder (once; ~2 min for 270M)", gguf)
-        loaded = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name,
+        loaded = auto_model.from_pretrained(src_dir, gguf_file=name,
                                                       dtype=torch.float32)
-        fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+        fresh = auto_model.from_config(loaded.config, dtype=torch.float32)
         fresh.load_state_dict(loaded.state_dict(), strict=False)
         if getattr(fresh.config, "tie_word_embeddings", False):
             fresh.tie_weights()
         fresh.save_pretrained(tmp, safe_serialization=True)
-        tok = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
         # The GGUF's tokenizer metadata asks for BOS; transformers' conversion drops it.
-        tok.add_bos_token = True
+        tok = auto_tok.from_pretrained(src_dir, gguf_file=name, add_bos_token=True)
         if chat_template and not tok.chat_template:
             tok.chat_template = chat_template
         tok.save_pretrained(tmp)

@@ -68,7 +68,7 @@ def _stat_logger(stats: _Stats) -> Any:
     """A vLLM stat logger that keeps the scheduler's last numbers for heartbeats."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class _Logger(StatLoggerBase):  # type: ignore[misc]
+    class _Logger(StatLoggerBase):  # type: ignore[misc, unused-ignore]
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
@@ -139,7 +139,8 @@ class VllmEngine:
 
     def stats(self) -> EngineStats:
         s = self._stats
-        return EngineStats(running=len(self._tasks), waiting=s.waiting, slots=self.slots,
+        # vLLM's own count of the requests it holds: a job whose abort was lost shows here.
+        return EngineStats(running=self.in_flight(), waiting=s.waiting, slots=self.slots,
                            kv_cache_usage=s.kv_cache_usage,
                            prefix_hit_ratio=s.prefix_hits / max(1, s.prefix_queries))
 
@@ -178,7 +179,8 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         c = self.cfg
-        args = AsyncEngineArgs(
+        engine_args: Any = AsyncEngineArgs  # Any: vLLM's own types differ across versions
+        args = engine_args(
             model=str(self.model_dir), dtype=c.dtype, max_model_len=c.max_model_len,
             max_num_seqs=c.max_num_seqs, gpu_memory_utilization=c.gpu_memory_utilization,
             tensor_parallel_size=c.tensor_parallel_size, quantization=c.quantization,
