@@ -126,8 +126,8 @@ def test_json_schema_output_parses(vclient: httpx.Client) -> None:
     assert isinstance(out["resolved"], bool)
 
 
-def test_engine_death_hands_jobs_to_another_attempt(vclient: httpx.Client, vllm_stack: Stack,
-                                                    vredis: redis.Redis) -> None:
+def test_engine_death_hands_jobs_to_another_attempt(vclient: httpx.Client,
+                                                    vllm_stack: Stack) -> None:
     """Kill the EngineCore process under two running jobs: the worker leaves /ready and exits
     non-zero, its jobs go back to the queue, and a fresh worker finishes both streams with
     no gap and no duplicate."""
@@ -165,6 +165,7 @@ def test_engine_death_hands_jobs_to_another_attempt(vclient: httpx.Client, vllm_
     assert worker.wait(60) != 0
     assert all(len(tokens(s)) < n_tokens for s in seen.values())  # killed mid-stream
 
+    vllm_stack.worker_procs.remove((TINY, worker))
     vllm_stack.add_worker(TINY)  # what `tokenq up` does when a worker exits
     for t in threads:
         t.join(300)
