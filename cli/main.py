@@ -91,6 +91,9 @@ def bench(
     compare: Annotated[bool, typer.Option(
         "--compare", help="also run llama_cpp.server and C++ llama-server on the same model")]
     = False,
+    vllm: Annotated[bool, typer.Option(
+        "--vllm", help="with --compare: tokenq with one vLLM worker vs vLLM's OpenAI server "
+        "on the same converted model")] = False,
     long_prompt: Annotated[bool, typer.Option(
         "--long-prompt", help="p95 ITL of 7 streams before vs during a ~2,000-token prefill")]
     = False,
@@ -109,9 +112,11 @@ def bench(
         from rich.console import Console
 
         from cli.compare import compare as run_compare
+        from cli.compare_vllm import compare_vllm
 
-        out = run_compare(settings, model, levels, requests, prompt_words, max_tokens, budget,
-                          Console())
+        run = compare_vllm if vllm else run_compare
+        out = run(settings, model, levels, requests, prompt_words, max_tokens, budget,
+                  Console())
         if json_out:
             typer.echo(json.dumps(out, indent=2))
         return
