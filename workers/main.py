@@ -66,9 +66,16 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
     @signals.worker_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _start(**_: Any) -> None:
         r = redis.Redis.from_url(settings.require_redis_url(), decode_responses=True)
-        rt = tasks.WorkerRuntime(settings=settings, model=model, cfg=cfg,
-                                 engine=build_engine(settings, model), r=r)
-        rt.start()
+        try:
+            rt = tasks.WorkerRuntime(settings=settings, model=model, cfg=cfg,
+                                     engine=build_engine(settings, model), r=r)
+            rt.start()
+        except Exception as exc:
+            # Celery logs and swallows a start hook's exceptions, then consumes with no
+            # engine; a SystemExit passes through and stops the worker with this message.
+            log.exception("worker for %r: the engine could not start", model)
+            raise SystemExit(f"worker for {model!r}: the {select_backend(cfg)} engine could "
+                             f"not start: {type(exc).__name__}: {exc}") from exc
         tasks.set_runtime(rt)
 
     @signals.worker_shutting_down.connect(weak=False)  # type: ignore[untyped-decorator]

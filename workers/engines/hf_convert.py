@@ -9,6 +9,7 @@ Imports torch/transformers: only the vLLM path and the CLI command load this.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import tempfile
@@ -29,6 +30,7 @@ def convert_gguf(gguf: Path, out: Path, chat_template: str | None = None) -> Pat
     auto_tok: Any = transformers.AutoTokenizer
 
     if (out / "config.json").exists():
+        _drop_gguf_quantization(out)  # folders converted before this fix
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -47,6 +49,7 @@ def convert_gguf(gguf: Path, out: Path, chat_template: str | None = None) -> Pat
         if chat_template and not tok.chat_template:
             tok.chat_template = chat_template
         tok.save_pretrained(tmp)
+        _drop_gguf_quantization(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -54,3 +57,12 @@ def convert_gguf(gguf: Path, out: Path, chat_template: str | None = None) -> Pat
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _drop_gguf_quantization(folder: Path) -> None:
+    """The weights are saved dequantised, but the config keeps the GGUF's
+    `quantization_config` (quant_method "gguf"), which vLLM then refuses to load."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    if config.pop("quantization_config", None) is not None:
+        path.write_text(json.dumps(config, indent=2) + "\n")

@@ -266,10 +266,13 @@ class VllmEngine:
                 return end("error", "context_length_exceeded",
                            f"prompt has {n_prompt} tokens; this worker's context is "
                            f"{self.max_model_len}")
-            if req.params.max_tokens - resumed <= 0:
+            # At most what is left of the job's budget and of the context: a job that
+            # reaches the context's end finishes with "length", as on llama.cpp.
+            budget = min(req.params.max_tokens - resumed, self.max_model_len - len(ids))
+            if budget <= 0:
                 return end("length")
             gen = self.llm.generate(TokensPrompt(prompt_token_ids=ids),
-                                    self._sampling(req, req.params.max_tokens - resumed),
+                                    self._sampling(req, budget),
                                     request_id=f"{job}:{attempt}")
             try:
                 async for out in gen:
