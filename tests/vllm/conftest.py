@@ -31,13 +31,6 @@ def vllm_required() -> bool:
     return os.environ.get("TOKENQ_REQUIRE_VLLM") == "1" or bool(os.environ.get("CI"))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.vllm)
-
-
 @pytest.fixture(scope="session")
 def vllm_importable() -> None:
     if importlib.util.find_spec("vllm") is not None:

@@ -22,6 +22,8 @@ from cli.stack import Stack
 from shared import keys
 from tests.vllm.conftest import MAX_MODEL_LEN, SLOTS, TINY
 
+pytestmark = pytest.mark.vllm
+
 MSG = [{"role": "user", "content": "Summarise the call about the duplicate charge."}]
 
 
