@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,7 +14,8 @@ from fastapi import FastAPI
 from api import errors
 from api.deps import AppState
 from api.limits import BodyLimit
-from api.routes import jobs, openai, ops
+from api.openai.batch_driver import BatchDriver
+from api.routes import batches, files, jobs, openai, ops
 from api.streams import StreamHub
 from api.tokens import PromptCounter
 from shared.celery_app import create_celery
@@ -47,13 +50,22 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
             api_keys=parse_api_keys(api_keys),
             scripts={"create": r.register_script(CREATE), "cancel": r.register_script(CANCEL)},
         )
+        state.redis_raw = aioredis.Redis.from_url(settings.require_redis_url(),
+                                                  decode_responses=False, max_connections=32)
+        driver = BatchDriver(state)
+        state.background["batch_wake"] = driver.wake
+        driver_task = asyncio.create_task(driver.run(), name="tokenq-batch-driver")
         app.state.tokenq = state
         if not state.api_keys:
             log.warning("no API keys configured: every caller is tenant 'default'")
         try:
             yield
         finally:
+            driver.stop()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(driver_task, timeout=5)
             await hub.stop()
+            await state.raw.aclose()
             await r.aclose()
 
     app = FastAPI(title="tokenq", version="0.1.0", lifespan=lifespan)
@@ -61,8 +73,11 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(openai.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
     app.include_router(ops.router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
+                       large={"/v1/files": settings.max_file_bytes})
     return app
 
 

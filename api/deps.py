@@ -30,6 +30,15 @@ class AppState:
     cluster_metrics: ClusterMetrics = field(default_factory=ClusterMetrics)
     draining: bool = False  # SIGTERM received: refuse new jobs, let open streams finish
     scripts: dict[str, Any] = field(default_factory=dict)
+    # Same server, bytes in and out: file contents (a decoding client could split a
+    # multi-byte character at a piece boundary).
+    redis_raw: aioredis.Redis | None = None
+    background: dict[str, Any] = field(default_factory=dict)  # long-lived tasks (batch driver)
+
+    @property
+    def raw(self) -> aioredis.Redis:
+        assert self.redis_raw is not None, "redis_raw is made in the app's lifespan"
+        return self.redis_raw
 
 
 def get_state(request: Request) -> AppState:

@@ -6,19 +6,31 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from shared.errors import PayloadTooLarge
+
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    """`max_bytes` for every route; routes under a `large` prefix (file uploads) get their
+    own limit and are streamed through, counted, never buffered here."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, large: dict[str, int] | None = None):
         self.app = app
         self.max_bytes = max_bytes
+        self.large = large or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        path: str = scope.get("path", "")
+        limit = next((n for p, n in self.large.items() if path == p), None)
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._reject(send)
+        if declared is not None and declared.isdigit() and int(declared) > (
+                limit or self.max_bytes):
+            await self._reject(send, limit or self.max_bytes)
+            return
+        if limit is not None:
+            await self.app(scope, self._counted(receive, limit), send)
             return
         # Chunked bodies: read up to the limit ourselves, then replay them.
         chunks: list[bytes] = []
@@ -31,7 +43,7 @@ class BodyLimit:
             body = msg.get("body", b"")
             size += len(body)
             if size > self.max_bytes:
-                await self._reject(send)
+                await self._reject(send, self.max_bytes)
                 return
             chunks.append(body)
             more = msg.get("more_body", False)
@@ -42,9 +54,24 @@ class BodyLimit:
 
         await self.app(scope, replayed, send)
 
-    async def _reject(self, send: Send) -> None:
+    @staticmethod
+    def _counted(receive: Receive, limit: int) -> Receive:
+        size = 0
+
+        async def counted() -> Message:
+            nonlocal size
+            msg = await receive()
+            size += len(msg.get("body", b""))
+            if size > limit:
+                raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+            return msg
+
+        return counted
+
+    @staticmethod
+    async def _reject(send: Send, limit: int) -> None:
         body = json.dumps({"error": {
-            "message": f"request body is larger than {self.max_bytes} bytes",
+            "message": f"request body is larger than {limit} bytes",
             "type": "invalid_request_error", "code": "payload_too_large", "param": None}}).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),

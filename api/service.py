@@ -10,7 +10,11 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 
 from api.deps import AppState
 from shared import keys
@@ -25,7 +29,7 @@ from shared.errors import (
 )
 from shared.jobs import dumps
 from shared.models import select_backend
-from shared.schemas import JobAccepted, JobRecord, JobRequest, SamplingParams
+from shared.schemas import JobAccepted, JobRecord, JobRequest, ResponseFormat, SamplingParams
 from shared.settings import ModelConfig
 
 MAX_STOP_LEN = 64
@@ -54,39 +58,48 @@ def resolve_params(req: JobRequest, cfg: ModelConfig, max_tokens_limit: int,
                             else req.repetition_penalty),
         stop=[*stops, *(s for s in cfg.stop if s not in stops)],
         seed=req.seed,
+        json_schema=json_schema_of(req.response_format),
     )
 
 
-def response_schema(req: JobRequest) -> dict[str, Any] | None:
-    """response_format -> the JSON schema engines constrain to (None: free text)."""
-    rf = req.response_format
-    if rf is None or rf.type == "text":
+def json_schema_of(fmt: ResponseFormat | None) -> dict[str, Any] | None:
+    """OpenAI's response_format -> the JSON schema engines constrain decoding to."""
+    if fmt is None or fmt.type == "text":
         return None
-    if rf.type == "json_object":
+    if fmt.type == "json_object":
         return {"type": "object"}
-    spec = rf.json_schema or {}
-    schema = spec.get("schema", spec)  # OpenAI nests it: {"name", "schema", "strict"}
-    if not isinstance(schema, dict) or not schema:
-        raise InvalidRequest("response_format json_schema needs json_schema.schema",
+    spec = fmt.json_schema or {}
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise InvalidRequest("response_format.json_schema.schema must be a JSON schema object",
                              param="response_format")
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise InvalidRequest(f"response_format.json_schema.schema is not a valid JSON schema: "
+                             f"{exc.message}", param="response_format") from exc
     return schema
 
 
-async def submit(state: AppState, tenant: str, req: JobRequest,
-                 *, deadline: float | None = None) -> JobAccepted:
+@dataclass(slots=True)
+class Prepared:
+    """A validated request, ready to enqueue: the record fields and its queue."""
+
+    model: str
+    priority: str
+    n_prompt: int
+    fields: dict[str, str]
+
+
+async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
+    """Everything that can reject a request (model, sampling limits, schema, context length),
+    without writing anything. Batch validation runs this for every line first."""
     s = state.settings
-    if state.draining:
-        raise Draining("this API replica is shutting down; retry (another replica will serve)")
     cfg = state.models.get(req.model)
     if cfg is None:
         raise ModelNotFound(f"model {req.model!r} is not served here", param="model")
     params = resolve_params(req, cfg, s.max_tokens_limit, s.max_stop_sequences)
     backend = select_backend(cfg)
-    params.json_schema = response_schema(req)
-    if params.json_schema is not None and backend != "vllm":
-        raise InvalidRequest("response_format json_object/json_schema needs a vLLM-served "
-                             "model for now (llama.cpp grammars have not landed)",
-                             param="response_format")
     context = cfg.context_length(backend)
     if params.max_tokens >= context:
         raise ContextLengthExceeded(
@@ -103,26 +116,49 @@ async def submit(state: AppState, tenant: str, req: JobRequest,
             f"this model's context is {context} tokens; the prompt has {n_prompt} and "
             f"max_tokens is {params.max_tokens}; shorten the prompt or lower max_tokens",
             param="messages" if messages is not None else "prompt")
-
-    job_id = new_job_id()
-    now = time.time()
     spec = {"prompt": req.prompt, "messages": messages, "params": params.model_dump()}
     fields = {
-        "id": job_id, "owner": tenant, "model": req.model, "backend": backend,
-        "priority": req.priority, "state": "queued", "attempts": "0", "created_at": repr(now),
-        "request": req.model_dump_json(exclude_none=True), "spec": dumps(spec),
-        "prompt_tokens": str(n_prompt),
+        "owner": tenant, "model": req.model, "backend": backend, "priority": req.priority,
+        "state": "queued", "attempts": "0", "request": req.model_dump_json(exclude_none=True),
+        "spec": dumps(spec), "prompt_tokens": str(n_prompt),
     }
     if req.metadata:
         fields["metadata"] = dumps(req.metadata)
+        if req.metadata.get("webhook_url"):
+            fields["webhook_url"] = req.metadata["webhook_url"]
+    return Prepared(req.model, req.priority, n_prompt, fields)
+
+
+async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = None,
+                  deadline: float | None = None, extra: dict[str, str] | None = None,
+                  queue_limit: int | None = None) -> tuple[int, str, float]:
+    """Run CREATE: record + Celery message + `queued` event in one atomic step.
+    Returns (1 created | 2 already there | -1 queue full, job id, created_at)."""
+    s = state.settings
+    job_id = job_id or new_job_id()
+    now = time.time()
+    fields = {**p.fields, "id": job_id, "created_at": repr(now), **(extra or {})}
     if deadline is not None:
         fields["deadline"] = repr(deadline)
-    queue = keys.queue(req.model, req.priority)
-    ok, depth = await state.scripts["create"](
+    queue = keys.queue(p.model, p.priority)
+    ok, _depth = await state.scripts["create"](
         keys=[keys.job(job_id), keys.job_events(job_id), queue, keys.tenant_jobs(tenant)],
-        args=[dumps(fields), task_message(state.celery, job_id, queue), s.queue_limit,
+        args=[dumps(fields), task_message(state.celery, job_id, queue),
+              s.queue_limit if queue_limit is None else queue_limit,
               s.stream_maxlen, repr(now)])
+    return int(ok), job_id, now
+
+
+async def submit(state: AppState, tenant: str, req: JobRequest, *,
+                 deadline: float | None = None,
+                 extra: dict[str, str] | None = None) -> JobAccepted:
+    """Validate and enqueue one request (native jobs and OpenAI chat/completions)."""
+    if state.draining:
+        raise Draining("this API replica is shutting down; retry (another replica will serve)")
+    p = await prepare(state, tenant, req)
+    ok, job_id, now = await enqueue(state, tenant, p, deadline=deadline, extra=extra)
     if ok != 1:
+        depth = await state.redis.llen(keys.queue(p.model, p.priority))
         raise QueueFull(f"the queue for {req.model!r} is full ({depth} jobs); retry later",
                         retry_after=max(1, min(60, int(depth) // 100)))
     return JobAccepted(id=job_id, model=req.model, created_at=now,

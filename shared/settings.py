@@ -155,6 +155,22 @@ class Settings(BaseSettings):
     # SSE
     sse_ping_s: float = 15.0
     sse_send_timeout_s: float = 30.0
+    # OpenAI chat/completions: a client that disconnects cancels its job (batch lines never).
+    cancel_on_disconnect: bool = True
+
+    # files and batches (OpenAI Files/Batch API)
+    max_file_bytes: int = 100_000_000
+    max_batch_lines: int = 50_000
+    # Where uploaded file contents live: None = in Redis (every API replica sees them);
+    # a directory must then be shared by all replicas.
+    files_dir: Path | None = None
+    file_ttl_s: int = 30 * 24 * 3600
+    batch_chunk: int = 256  # lines validated/enqueued per Redis round trip
+
+    # completion webhooks (metadata.webhook_url), sent by workers
+    webhook_secret: str | None = None
+    webhook_timeout_s: float = 5.0
+    webhook_max_attempts: int = 5
 
     # worker
     worker_model: str | None = None
