@@ -97,13 +97,18 @@ async def submit(state: AppState, tenant: str, req: JobRequest,
     }
     if req.metadata:
         fields["metadata"] = dumps(req.metadata)
+    deadline = deadline if deadline is not None else req.deadline
     if deadline is not None:
         fields["deadline"] = repr(deadline)
     queue = keys.queue(req.model, req.priority)
     ok, depth = await state.scripts["create"](
-        keys=[keys.job(job_id), keys.job_events(job_id), queue, keys.tenant_jobs(tenant)],
+        keys=[keys.job(job_id), keys.job_events(job_id), queue, keys.tenant_jobs(tenant),
+              keys.tenant_queued(tenant)],
         args=[dumps(fields), task_message(state.celery, job_id, queue), s.queue_limit,
-              s.stream_maxlen, repr(now)])
+              s.stream_maxlen, repr(now), s.tenant_max_queued])
+    if ok == -2:
+        raise QueueFull(f"you have {depth} jobs queued (the limit per tenant); retry later",
+                        retry_after=5, code="tenant_queue_full")
     if ok != 1:
         raise QueueFull(f"the queue for {req.model!r} is full ({depth} jobs); retry later",
                         retry_after=max(1, min(60, int(depth) // 100)))

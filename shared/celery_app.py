@@ -36,6 +36,10 @@ def create_celery(settings: Settings) -> Celery:
         task_default_queue=keys.queue(settings.default_model, "normal"),
         task_create_missing_queues=True,
         broker_connection_retry_on_startup=True,
+        # Broker connection lost (Redis restarted): keep running tasks. Their acks are lost
+        # with the old channel, so kombu redelivers the messages after the visibility
+        # timeout; the copies find the job terminal (or leased) and drop themselves. Cancelling
+        # would instead throw away generation that the job record and lease keep safe.
         worker_cancel_long_running_tasks_on_connection_loss=False,
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
@@ -43,7 +47,9 @@ def create_celery(settings: Settings) -> Celery:
             # Consume a model's queues strictly in the order given: high, normal, low.
             "queue_order_strategy": "priority",
             # A job that outlives this is redelivered; the lease makes the copy drop itself.
-            "visibility_timeout": 3600,
+            "visibility_timeout": settings.visibility_timeout_s,
+            "unacked_restore_interval": settings.unacked_restore_s,
+            "unacked_restore_throttle": 1,
         },
     )
     return app

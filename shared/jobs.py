@@ -25,23 +25,39 @@ from typing import Any
 _TERMINAL = ("state == 'succeeded' or state == 'failed' or state == 'cancelled'"
              " or state == 'expired'")
 
+# KEYS: job, events, queue, tenant's job index, tenant's queued set
+# ARGV: fields, Celery message, queue limit, stream maxlen, now, tenant queued limit
 CREATE = """
 local depth = redis.call('LLEN', KEYS[3])
 if tonumber(ARGV[3]) > 0 and depth >= tonumber(ARGV[3]) then return {-1, depth} end
+local mine = redis.call('ZCARD', KEYS[5])
+if tonumber(ARGV[6]) > 0 and mine >= tonumber(ARGV[6]) then return {-2, mine} end
 local fields = cjson.decode(ARGV[1])
 for k, v in pairs(fields) do redis.call('HSET', KEYS[1], k, v) end
+-- the record names its tenant's queued set, so scripts that only know the job can leave it
+redis.call('HSET', KEYS[1], 'tenant_queued', KEYS[5])
 redis.call('LPUSH', KEYS[3], ARGV[2])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'e', 'queued',
            'd', cjson.encode({position = depth}))
 redis.call('ZADD', KEYS[4], ARGV[5], fields['id'])
+redis.call('ZADD', KEYS[5], ARGV[5], fields['id'])
 return {1, depth}
 """
 
-ACQUIRE = f"""
+# Lua: the job no longer counts as queued for its tenant (idempotent).
+_LEAVE_QUEUE = """
+local function leave_queue()
+  local tq = redis.call('HGET', KEYS[1], 'tenant_queued')
+  if tq then redis.call('ZREM', tq, redis.call('HGET', KEYS[1], 'id')) end
+end
+"""
+
+ACQUIRE = _LEAVE_QUEUE + f"""
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {{'missing'}} end
-if {_TERMINAL} then return {{'terminal'}} end
+if {_TERMINAL} then leave_queue() return {{'terminal'}} end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {{'busy'}} end
+leave_queue()
 local now = ARGV[4]
 local function terminate(st, code, msg)
   redis.call('HSET', KEYS[1], 'state', st, 'finished_at', now,
@@ -76,13 +92,21 @@ return {{'ok', attempts, redis.call('HGET', KEYS[1], 'spec'),
         redis.call('HGET', KEYS[1], 'cancel_requested') or '0'}}
 """
 
+# ARGV: attempt, maxlen, then (data, token id, index) per token. A token is written only
+# if its index is the next one (`n_tokens`), so a step replayed after a failed or cut
+# pipeline (Redis restarted mid-write) adds nothing twice and never leaves a gap.
 APPEND = """
 if redis.call('HGET', KEYS[1], 'attempts') ~= ARGV[1] then return 0 end
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
-for i = 3, #ARGV, 2 do
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*',
-             'e', 'token', 'd', ARGV[i], 't', ARGV[i + 1])
+local n = tonumber(redis.call('HGET', KEYS[1], 'n_tokens') or '0')
+for i = 3, #ARGV, 3 do
+  if tonumber(ARGV[i + 2]) == n then
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*',
+               'e', 'token', 'd', ARGV[i], 't', ARGV[i + 1])
+    n = n + 1
+  end
 end
+redis.call('HSET', KEYS[1], 'n_tokens', n)
 return 1
 """
 
@@ -100,10 +124,11 @@ redis.call('EXPIRE', KEYS[2], ARGV[7])
 return 1
 """
 
-CANCEL = """
+CANCEL = _LEAVE_QUEUE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return false end
 if state == 'queued' then
+  leave_queue()
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished_at', ARGV[1], 'cancel_requested', '1')
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'e', 'cancelled', 'd', '{}')
   redis.call('EXPIRE', KEYS[1], ARGV[3])
@@ -123,7 +148,7 @@ if redis.call('HGET', KEYS[1], 'state') ~= 'running' or redis.call('EXISTS', KEY
   return 0
 end
 redis.call('ZREM', KEYS[3], KEYS[1])
-redis.call('LPUSH', KEYS[4], ARGV[1])
+redis.call('RPUSH', KEYS[4], ARGV[1])  -- the consuming end: a takeover does not wait its turn
 return 1
 """
 
@@ -134,7 +159,7 @@ if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[2])
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
 redis.call('ZREM', KEYS[3], KEYS[1])
-redis.call('LPUSH', KEYS[4], ARGV[2])
+redis.call('RPUSH', KEYS[4], ARGV[2])  -- the consuming end (kombu BRPOPs the tail)
 return 1
 """
 

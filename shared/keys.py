@@ -4,6 +4,8 @@
     tokenq:job:{id}:events       stream  SSE events; entry id == SSE id
     tokenq:job:{id}:lease        string  "{worker}|{attempt}", PX = lease TTL
     tokenq:tenant:{t}:jobs       zset    job ids by creation time (listing, quotas)
+    tokenq:tenant:{t}:queued     zset    the tenant's jobs still queued (per-tenant limit)
+    tokenq:ratelimit:{t}:{kind}  hash    token bucket (level, ts) for requests/s and tokens/min
     tokenq:workers               hash    worker id -> JSON heartbeat (model, backend, slots, ts)
     tokenq:running               zset    job keys with a running attempt (for takeover)
     tokenq:api:{uuid}:wake       stream  wakes the API's shared XREAD reader
@@ -40,6 +42,14 @@ def job_id_of(job_key: str) -> str:
 
 def tenant_jobs(tenant: str) -> str:
     return f"{PREFIX}:tenant:{tenant}:jobs"
+
+
+def tenant_queued(tenant: str) -> str:
+    return f"{PREFIX}:tenant:{tenant}:queued"
+
+
+def rate_bucket(tenant: str, kind: str) -> str:
+    return f"{PREFIX}:ratelimit:{tenant}:{kind}"
 
 
 WORKERS = f"{PREFIX}:workers"

@@ -85,6 +85,8 @@ class JobRequest(BaseModel):
     priority: Priority = "normal"
     response_format: ResponseFormat | None = None
     metadata: dict[str, str] | None = None
+    # Unix time after which the job must not start: still queued then, it ends `expired`.
+    deadline: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _one_input(self) -> JobRequest:

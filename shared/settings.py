@@ -16,7 +16,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-Backend = Literal["auto", "llama", "vllm"]
+# `fake`: workers/engines/fake.py, a deterministic engine for the fault-injection tests.
+Backend = Literal["auto", "llama", "vllm", "fake"]
 
 
 class ModelConfig(BaseModel):
@@ -67,10 +68,12 @@ class ModelConfig(BaseModel):
     repeat_penalty: float = 1.0
     # Stop strings added to every request for this model (e.g. turn markers of a base model).
     stop: list[str] = Field(default_factory=list)
+    # backend `fake`: tokens per second per job (every running job gets one per step).
+    fake_tokens_per_s: float = 50.0
 
     @model_validator(mode="after")
     def _path_for_file(self) -> ModelConfig:
-        if self.source == "file" and not self.path:
+        if self.source == "file" and not self.path and self.backend != "fake":
             raise ValueError("a model with source 'file' needs a 'path'")
         return self
 
@@ -125,6 +128,15 @@ class Settings(BaseSettings):
     max_tokens_limit: int = 4096
     max_stop_sequences: int = 8
     queue_limit: int = 10_000
+    # Per tenant (0 = off). Rates live in Redis, so they hold across API replicas.
+    tenant_max_queued: int = 1_000
+    rate_limit_rps: float = 0.0
+    rate_limit_burst: int = 0  # requests a tenant may send at once (0: 2 x rps)
+    tokens_per_min: int = 0  # prompt + max_tokens of submitted jobs
+    # Open SSE streams per tenant, counted per API replica.
+    max_streams_per_tenant: int = 256
+    # A request body must arrive within this (slow-body clients hold a connection).
+    body_timeout_s: float = 30.0
 
     # jobs, leases, streams
     lease_ttl_s: float = 15.0
@@ -146,6 +158,12 @@ class Settings(BaseSettings):
     # SSE
     sse_ping_s: float = 15.0
     sse_send_timeout_s: float = 30.0
+
+    # Celery redelivers a message not acked within this (its worker died, or the job is
+    # simply long: the lease makes such a copy drop itself). kombu looks for overdue
+    # messages every unacked_restore_s (its default of ~100 s delayed takeover).
+    visibility_timeout_s: float = 300.0
+    unacked_restore_s: float = 5.0
 
     # worker
     worker_model: str | None = None

@@ -33,6 +33,10 @@ def build_engine(settings: Settings, model: str) -> Engine:
         if settings.worker_threads:
             cfg = cfg.model_copy(update={"n_threads": settings.worker_threads})
         return LlamaCppEngine(cfg, gguf_path(cfg, settings.state_dir))
+    if backend == "fake":
+        from workers.engines.fake import FakeEngine
+
+        return FakeEngine(cfg)
     raise SystemExit(f"backend {backend!r} for model {model!r} cannot run in this worker yet")
 
 
@@ -64,7 +68,7 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
             rt.close()
             tasks.set_runtime(None)
 
-    slots = cfg.n_parallel if select_backend(cfg) == "llama" else cfg.max_num_seqs
+    slots = cfg.n_parallel if select_backend(cfg) in ("llama", "fake") else cfg.max_num_seqs
     app.worker_main([
         "worker", "--pool=threads", f"--concurrency={slots}",
         "-Q", ",".join(keys.model_queues(model)),

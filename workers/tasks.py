@@ -141,7 +141,7 @@ class WorkerRuntime:
                 params=SamplingParams.model_validate(spec["params"])))
             cancel_sent = False
             while not handle.done.wait(CANCEL_POLL_S):
-                if not cancel_sent and self.r.hget(keys.job(job_id), "cancel_requested") == "1":
+                if not cancel_sent and self._cancel_requested(job_id):
                     self.engine.cancel(job_id)
                     cancel_sent = True
                 if not self.engine.healthy():
@@ -153,10 +153,21 @@ class WorkerRuntime:
                     # lease lost: a newer attempt owns the job; wait for the engine to let go
                     handle.done.wait(5)
                     break
-            self._observe(job_id, attempt, started, handle)
+            try:
+                self._observe(job_id, attempt, started, handle)
+            except redis.RedisError:
+                log.warning("job %s: metrics skipped (Redis unavailable)", job_id)
             return handle.outcome
         finally:
             self.publisher.untrack(job_id)
+
+    def _cancel_requested(self, job_id: str) -> bool:
+        """A Redis outage must not end the task: the engine goes on generating, the
+        publisher holds its writes until Redis is back, the lease decides who owns the job."""
+        try:
+            return self.r.hget(keys.job(job_id), "cancel_requested") == "1"
+        except redis.RedisError:
+            return False
 
     def _observe(self, job_id: str, attempt: int, started: float, handle: JobHandle) -> None:
         """Latencies are measured from the job's creation, so they include the queue."""

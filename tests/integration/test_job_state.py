@@ -16,13 +16,14 @@ K3 = [keys.job(JOB), keys.job_events(JOB), keys.job_lease(JOB)]
 K4 = [*K3, keys.RUNNING]
 
 
-def create(r: redis.Redis, limit: int = 0, deadline: float | None = None) -> list[Any]:
+def create(r: redis.Redis, limit: int = 0, deadline: float | None = None,
+           tenant_limit: int = 0) -> list[Any]:
     fields = {"id": JOB, "owner": "t", "model": "m", "state": "queued", "attempts": "0",
               "created_at": repr(time.time()), "spec": "{}", "request": "{}"}
     if deadline is not None:
         fields["deadline"] = repr(deadline)
-    out: list[Any] = r.eval(CREATE, 4, keys.job(JOB), keys.job_events(JOB), "q", "tenant",
-                            dumps(fields), "msg", limit, 1000, 1)
+    out: list[Any] = r.eval(CREATE, 5, keys.job(JOB), keys.job_events(JOB), "q", "tenant",
+                            "tq", dumps(fields), "msg", limit, 1000, 1, tenant_limit)
     return out
 
 
@@ -55,6 +56,26 @@ def test_create_refuses_when_queue_full(r: redis.Redis) -> None:
     assert not r.exists(keys.job(JOB)) and r.llen("q") == 2
 
 
+def test_tenant_queued_limit_counts_only_queued_jobs(r: redis.Redis) -> None:
+    r.zadd("tq", {"other": 1})
+    assert create(r, tenant_limit=1) == [-2, 1]
+    r.delete("tq")
+    assert create(r, tenant_limit=1) == [1, 0]
+    assert r.zcard("tq") == 1
+    acquire(r)  # running jobs no longer count against the tenant's queued limit
+    assert r.zcard("tq") == 0
+
+
+def test_replayed_token_step_is_written_once(r: redis.Redis) -> None:
+    create(r)
+    acquire(r)
+    step = [dumps({"text": "a", "index": 0}), 1, 0, dumps({"text": "b", "index": 1}), 2, 1]
+    assert r.eval(APPEND, 3, *K3, 1, 1000, *step) == 1
+    assert r.eval(APPEND, 3, *K3, 1, 1000, *step) == 1  # a retry after a cut pipeline
+    assert r.eval(APPEND, 3, *K3, 1, 1000, dumps({"text": "d", "index": 3}), 4, 3) == 1  # gap
+    assert events(r) == ["queued", "started", "token", "token"]
+
+
 def test_duplicate_delivery_with_live_lease_drops_itself(r: redis.Redis) -> None:
     create(r)
     assert acquire(r, "w1")[:2] == ["ok", 1]
@@ -68,8 +89,8 @@ def test_stale_attempt_is_fenced_off(r: redis.Redis) -> None:
     acquire(r, "w1")
     r.delete(keys.job_lease(JOB))  # w1's lease expired (it froze)
     assert acquire(r, "w2")[:2] == ["ok", 2]
-    assert r.eval(APPEND, 3, *K3, 1, 1000, dumps({"text": "old", "index": 0}), 5) == 0
-    assert r.eval(APPEND, 3, *K3, 2, 1000, dumps({"text": "new", "index": 0}), 5) == 1
+    assert r.eval(APPEND, 3, *K3, 1, 1000, dumps({"text": "old", "index": 0}), 5, 0) == 0
+    assert r.eval(APPEND, 3, *K3, 2, 1000, dumps({"text": "new", "index": 0}), 5, 0) == 1
     assert finish(r, 1) == 0
     assert finish(r, 2) == 1
     assert finish(r, 2) == 0  # exactly one terminal write
