@@ -103,7 +103,7 @@ async def submit(state: AppState, tenant: str, req: JobRequest,
     queue = keys.queue(req.model, req.priority)
     ok, depth = await state.scripts["create"](
         keys=[keys.job(job_id), keys.job_events(job_id), queue, keys.tenant_jobs(tenant),
-              keys.tenant_queued(tenant)],
+              keys.tenant_queued(tenant), keys.QUEUED],
         args=[dumps(fields), task_message(state.celery, job_id, queue), s.queue_limit,
               s.stream_maxlen, repr(now), s.tenant_max_queued])
     if ok == -2:

@@ -8,6 +8,8 @@
     tokenq:ratelimit:{t}:{kind}  hash    token bucket (level, ts) for requests/s and tokens/min
     tokenq:workers               hash    worker id -> JSON heartbeat (model, backend, slots, ts)
     tokenq:running               zset    job keys with a running attempt (for takeover)
+    tokenq:queued                zset    job keys still queued, by creation (lost-message rescue)
+    unacked                      hash    kombu's delivered-not-acked messages, by delivery tag
     tokenq:api:{uuid}:wake       stream  wakes the API's shared XREAD reader
     tokenq.{model}.{priority}    list    Celery queue (kombu's Redis transport)
 """
@@ -54,6 +56,8 @@ def rate_bucket(tenant: str, kind: str) -> str:
 
 WORKERS = f"{PREFIX}:workers"
 RUNNING = f"{PREFIX}:running"
+QUEUED = f"{PREFIX}:queued"
+KOMBU_UNACKED = "unacked"  # kombu's Redis transport default (unacked_key)
 
 
 def api_wake(instance: str) -> str:

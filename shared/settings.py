@@ -146,6 +146,8 @@ class Settings(BaseSettings):
     heartbeat_s: float = 2.0
     # How often each worker looks for running jobs whose lease expired (dead workers).
     reconcile_s: float = 2.0
+    # A job queued this long whose message is neither queued nor delivered is re-enqueued.
+    rescue_after_s: float = 10.0
     # API on SIGTERM: refuse new jobs (503) and let open streams finish, at most this long.
     api_drain_s: float = 30.0
     # Each worker serves its engine metrics here (0: a free port; advertised in heartbeats).
