@@ -8,6 +8,10 @@ from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api import errors
 from api.deps import AppState
@@ -37,8 +41,13 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        r = aioredis.Redis.from_url(settings.require_redis_url(), decode_responses=True,
-                                    max_connections=256, health_check_interval=30)
+        # After a Redis restart every pooled connection is dead: retry a command on a fresh
+        # one (briefly) rather than answer the first requests with 503.
+        r = aioredis.Redis.from_url(
+            settings.require_redis_url(), decode_responses=True, max_connections=256,
+            health_check_interval=30,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError])
         hub = StreamHub(r)
         await hub.start()
         state = AppState(

@@ -13,6 +13,8 @@ from typing import Any
 
 import redis
 from celery import signals
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from shared import keys
 from shared.celery_app import GENERATE_TASK, create_celery
@@ -49,7 +51,11 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
 
     @signals.worker_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _start(**_: Any) -> None:
-        r = redis.Redis.from_url(settings.require_redis_url(), decode_responses=True)
+        # Retry on a fresh connection after a Redis restart (the pool's are dead then).
+        r = redis.Redis.from_url(
+            settings.require_redis_url(), decode_responses=True,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError])
         rt = tasks.WorkerRuntime(settings=settings, model=model, cfg=cfg,
                                  engine=build_engine(settings, model), r=r)
         rt.start()
