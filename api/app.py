@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,9 +16,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api import errors
+from api.auth import KeyAuth, load_keys
 from api.deps import AppState
 from api.limits import BodyLimit
-from api.routes import jobs, openai, ops
+from api.openai.batch_driver import BatchDriver
+from api.routes import admin, batches, files, jobs, openai, ops
 from api.streams import StreamHub
 from api.tokens import PromptCounter
 from shared.celery_app import create_celery
@@ -26,18 +30,9 @@ from shared.settings import Settings, get_settings
 log = logging.getLogger("tokenq.api")
 
 
-def parse_api_keys(raw: str | None) -> dict[str, str]:
-    """`key:tenant,key2:tenant2` -> {key: tenant}."""
-    out: dict[str, str] = {}
-    for item in (raw or "").split(","):
-        key, _, tenant = item.strip().partition(":")
-        if key:
-            out[key] = tenant or "default"
-    return out
-
-
 def create_app(settings: Settings | None = None, api_keys: str | None = None) -> FastAPI:
     settings = settings or get_settings()
+    api_key_map = load_keys(api_keys, settings.api_keys_file)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -53,25 +48,43 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
         state = AppState(
             settings=settings, redis=r, hub=hub, celery=create_celery(settings),
             models=settings.models(), counter=PromptCounter(settings),
-            api_keys=parse_api_keys(api_keys),
+            api_keys=api_key_map,
             scripts={"create": r.register_script(CREATE), "cancel": r.register_script(CANCEL)},
         )
+        state.redis_raw = aioredis.Redis.from_url(settings.require_redis_url(),
+                                                  decode_responses=False, max_connections=32)
+        driver = BatchDriver(state)
+        state.background["batch_wake"] = driver.wake
+        driver_task = asyncio.create_task(driver.run(), name="tokenq-batch-driver")
         app.state.tokenq = state
         if not state.api_keys:
-            log.warning("no API keys configured: every caller is tenant 'default'")
+            log.warning("no API keys configured: every caller is tenant 'default' (admin); "
+                        "serve on loopback only")
         try:
             yield
         finally:
+            driver.stop()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(driver_task, timeout=5)
             await hub.stop()
+            await state.raw.aclose()
             await r.aclose()
 
     app = FastAPI(title="tokenq", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
+    app.state.api_keys_configured = bool(api_key_map)
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(openai.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
     app.include_router(ops.router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.include_router(admin.router)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
+                       large={"/v1/files": settings.max_file_bytes},
+                       timeout_s=settings.body_timeout_s)
+    # Outermost: a request without a valid key is refused before its body is read.
+    app.add_middleware(KeyAuth, keys=api_key_map)
     return app
 
 

@@ -10,8 +10,14 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 
 from api.deps import AppState
+from api.ratelimit import charge_tokens
 from shared import keys
 from shared.celery_app import task_message
 from shared.errors import (
@@ -24,7 +30,7 @@ from shared.errors import (
 )
 from shared.jobs import dumps
 from shared.models import select_backend
-from shared.schemas import JobAccepted, JobRecord, JobRequest, SamplingParams
+from shared.schemas import JobAccepted, JobRecord, JobRequest, ResponseFormat, SamplingParams
 from shared.settings import ModelConfig
 
 MAX_STOP_LEN = 64
@@ -53,20 +59,47 @@ def resolve_params(req: JobRequest, cfg: ModelConfig, max_tokens_limit: int,
                             else req.repetition_penalty),
         stop=[*stops, *(s for s in cfg.stop if s not in stops)],
         seed=req.seed,
+        json_schema=json_schema_of(req.response_format),
     )
 
 
-async def submit(state: AppState, tenant: str, req: JobRequest,
-                 *, deadline: float | None = None) -> JobAccepted:
+def json_schema_of(fmt: ResponseFormat | None) -> dict[str, Any] | None:
+    """OpenAI's response_format -> the JSON schema engines constrain decoding to."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "object"}
+    spec = fmt.json_schema or {}
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise InvalidRequest("response_format.json_schema.schema must be a JSON schema object",
+                             param="response_format")
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise InvalidRequest(f"response_format.json_schema.schema is not a valid JSON schema: "
+                             f"{exc.message}", param="response_format") from exc
+    return schema
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A validated request, ready to enqueue: the record fields and its queue."""
+
+    model: str
+    priority: str
+    n_prompt: int
+    fields: dict[str, str]
+    max_tokens: int = 0
+
+
+async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
+    """Everything that can reject a request (model, sampling limits, schema, context length),
+    without writing anything. Batch validation runs this for every line first."""
     s = state.settings
-    if state.draining:
-        raise Draining("this API replica is shutting down; retry (another replica will serve)")
     cfg = state.models.get(req.model)
     if cfg is None:
         raise ModelNotFound(f"model {req.model!r} is not served here", param="model")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise InvalidRequest("response_format json_object/json_schema is not supported yet",
-                             param="response_format")
     params = resolve_params(req, cfg, s.max_tokens_limit, s.max_stop_sequences)
     backend = select_backend(cfg)
     context = cfg.context_length(backend)
@@ -85,31 +118,62 @@ async def submit(state: AppState, tenant: str, req: JobRequest,
             f"this model's context is {context} tokens; the prompt has {n_prompt} and "
             f"max_tokens is {params.max_tokens}; shorten the prompt or lower max_tokens",
             param="messages" if messages is not None else "prompt")
-
-    job_id = new_job_id()
-    now = time.time()
     spec = {"prompt": req.prompt, "messages": messages, "params": params.model_dump()}
     fields = {
-        "id": job_id, "owner": tenant, "model": req.model, "backend": backend,
-        "priority": req.priority, "state": "queued", "attempts": "0", "created_at": repr(now),
-        "request": req.model_dump_json(exclude_none=True), "spec": dumps(spec),
-        "prompt_tokens": str(n_prompt),
+        "owner": tenant, "model": req.model, "backend": backend, "priority": req.priority,
+        "state": "queued", "attempts": "0", "request": req.model_dump_json(exclude_none=True),
+        "spec": dumps(spec), "prompt_tokens": str(n_prompt),
     }
     if req.metadata:
         fields["metadata"] = dumps(req.metadata)
-    deadline = deadline if deadline is not None else req.deadline
+        if req.metadata.get("webhook_url"):
+            fields["webhook_url"] = req.metadata["webhook_url"]
+    return Prepared(req.model, req.priority, n_prompt, fields, params.max_tokens)
+
+
+async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = None,
+                  deadline: float | None = None, extra: dict[str, str] | None = None,
+                  queue_limit: int | None = None,
+                  tenant_limit: int = 0) -> tuple[int, str, float]:
+    """Run CREATE: record + Celery message + `queued` event in one atomic step. Returns
+    (1 created | 2 already there | -1 queue full | -2 tenant's queued limit, id, created_at).
+    Batch lines are counted apart from the tenant's own queued jobs: a large batch must
+    not lock its tenant out of interactive requests."""
+    s = state.settings
+    job_id = job_id or new_job_id()
+    now = time.time()
+    fields = {**p.fields, "id": job_id, "created_at": repr(now), **(extra or {})}
     if deadline is not None:
         fields["deadline"] = repr(deadline)
-    queue = keys.queue(req.model, req.priority)
-    ok, depth = await state.scripts["create"](
+    queue = keys.queue(p.model, p.priority)
+    queued_set = keys.tenant_queued(tenant, batch="batch" in fields)
+    ok, _depth = await state.scripts["create"](
         keys=[keys.job(job_id), keys.job_events(job_id), queue, keys.tenant_jobs(tenant),
-              keys.tenant_queued(tenant), keys.QUEUED],
-        args=[dumps(fields), task_message(state.celery, job_id, queue), s.queue_limit,
-              s.stream_maxlen, repr(now), s.tenant_max_queued])
+              queued_set, keys.QUEUED],
+        args=[dumps(fields), task_message(state.celery, job_id, queue),
+              s.queue_limit if queue_limit is None else queue_limit,
+              s.stream_maxlen, repr(now), tenant_limit])
+    return int(ok), job_id, now
+
+
+async def submit(state: AppState, tenant: str, req: JobRequest, *,
+                 deadline: float | None = None,
+                 extra: dict[str, str] | None = None) -> JobAccepted:
+    """Validate and enqueue one request (native jobs and OpenAI chat/completions)."""
+    if state.draining:
+        raise Draining("this API replica is shutting down; retry (another replica will serve)")
+    p = await prepare(state, tenant, req)
+    await charge_tokens(state.redis, tenant, state.settings.tokens_per_min,
+                        p.n_prompt + p.max_tokens)
+    deadline = deadline if deadline is not None else req.deadline
+    ok, job_id, now = await enqueue(state, tenant, p, deadline=deadline, extra=extra,
+                                    tenant_limit=state.settings.tenant_max_queued)
     if ok == -2:
-        raise QueueFull(f"you have {depth} jobs queued (the limit per tenant); retry later",
-                        retry_after=5, code="tenant_queue_full")
+        raise QueueFull(f"you have {state.settings.tenant_max_queued} jobs queued, the limit "
+                        "per tenant; retry when some have started", retry_after=5,
+                        code="tenant_queue_full")
     if ok != 1:
+        depth = await state.redis.llen(keys.queue(p.model, p.priority))
         raise QueueFull(f"the queue for {req.model!r} is full ({depth} jobs); retry later",
                         retry_after=max(1, min(60, int(depth) // 100)))
     return JobAccepted(id=job_id, model=req.model, created_at=now,

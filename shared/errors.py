@@ -128,3 +128,17 @@ class NoWorker(TokenqError):
     status = 503
     type = "service_unavailable"
     code = "no_worker"
+
+
+class JobFailed(TokenqError):
+    """The job ended in `failed` for a reason on the server side (500)."""
+
+    code = "job_failed"
+
+
+class JobExpired(TokenqError):
+    """The job passed its deadline before it could run (408)."""
+
+    status = 408
+    type = "timeout"
+    code = "expired"

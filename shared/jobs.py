@@ -24,12 +24,57 @@ from typing import Any
 
 from shared import keys
 
+# Run on every terminal transition (finish, cancel of a queued job, expiry, exhaustion):
+# count a batch line as done, settle its batch when it was the last one, and put
+# completion webhooks in the outbox that workers deliver (shared/webhooks.py).
+# Returns the TTL the job's keys get: batch lines live as long as their batch's files.
+_ON_TERMINAL = """
+local function webhook(kind, obj_id, url, now)
+  local eid = 'evt_' .. redis.call('INCR', '@SEQ@')
+  redis.call('HSET', '@HOOK@' .. eid, 'url', url, 'type', kind, 'object_id', obj_id,
+             'created_at', now, 'attempts', 0)
+  redis.call('ZADD', '@HOOKS@', now, eid)
+end
+local function batch_settle(bk, now)
+  local b = redis.call('HMGET', bk, 'status', 'enqueued', 'enqueue_done', 'completed', 'failed',
+                       'expired', 'webhook_url', 'id')
+  if b[3] ~= '1' or (b[1] ~= 'in_progress' and b[1] ~= 'cancelling') then return b[1] end
+  if (tonumber(b[4]) or 0) + (tonumber(b[5]) or 0) < (tonumber(b[2]) or 0) then return b[1] end
+  local final = 'completed'
+  if b[1] == 'cancelling' then final = 'cancelled'
+  elseif (tonumber(b[6]) or 0) > 0 then final = 'expired' end
+  redis.call('HSET', bk, 'status', final, final .. '_at', now, 'finalizing_at', now)
+  redis.call('SREM', '@PENDING@', b[8])
+  if b[7] then webhook('batch.' .. final, b[8], b[7], now) end
+  return final
+end
+local function on_terminal(jobkey, state, now, ttl)
+  local h = redis.call('HMGET', jobkey, 'batch', 'id', 'webhook_url', 'ttl')
+  if h[3] then webhook('job.' .. state, h[2], h[3], now) end
+  if not h[1] then return ttl end
+  local bk = '@BATCH@' .. h[1]
+  if state == 'succeeded' then
+    redis.call('RPUSH', bk .. ':out', h[2])
+    redis.call('HINCRBY', bk, 'completed', 1)
+  else
+    redis.call('RPUSH', bk .. ':err', h[2])
+    redis.call('HINCRBY', bk, 'failed', 1)
+    if state == 'expired' then redis.call('HINCRBY', bk, 'expired', 1) end
+  end
+  batch_settle(bk, now)
+  return h[4] or ttl
+end
+""".replace("@SEQ@", keys.WEBHOOK_SEQ).replace("@HOOK@", keys.WEBHOOK_PREFIX) \
+   .replace("@HOOKS@", keys.WEBHOOKS).replace("@PENDING@", keys.BATCHES_PENDING) \
+   .replace("@BATCH@", keys.BATCH_PREFIX)
+
 _TERMINAL = ("state == 'succeeded' or state == 'failed' or state == 'cancelled'"
              " or state == 'expired'")
 
 # KEYS: job, events, queue, tenant's job index, tenant's queued set, queued index
 # ARGV: fields, Celery message, queue limit, stream maxlen, now, tenant queued limit
 CREATE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {2, 0} end  -- idempotent (batch lines)
 local depth = redis.call('LLEN', KEYS[3])
 if tonumber(ARGV[3]) > 0 and depth >= tonumber(ARGV[3]) then return {-1, depth} end
 local mine = redis.call('ZCARD', KEYS[5])
@@ -44,8 +89,9 @@ redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'e', 'queued',
 redis.call('ZADD', KEYS[4], ARGV[5], fields['id'])
 redis.call('ZADD', KEYS[5], ARGV[5], fields['id'])
 redis.call('ZADD', KEYS[6], ARGV[5], KEYS[1])
+if fields['batch'] then redis.call('HINCRBY', '@BATCH@' .. fields['batch'], 'enqueued', 1) end
 return {1, depth}
-"""
+""".replace("@BATCH@", keys.BATCH_PREFIX)
 
 # Lua: the job no longer counts as queued, for its tenant or the rescue (idempotent).
 _LEAVE_QUEUE = f"""
@@ -56,7 +102,7 @@ local function leave_queue()
 end
 """
 
-ACQUIRE = _LEAVE_QUEUE + f"""
+ACQUIRE = _ON_TERMINAL + _LEAVE_QUEUE + f"""
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {{'missing'}} end
 -- A redelivered copy (visibility timeout, broker reconnect) drops itself; counted so
@@ -77,8 +123,9 @@ local function terminate(st, code, msg)
              'error', cjson.encode({{code = code, message = msg}}))
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'e', 'error',
              'd', cjson.encode({{code = code, message = msg}}))
-  redis.call('EXPIRE', KEYS[1], ARGV[6])
-  redis.call('EXPIRE', KEYS[2], ARGV[6])
+  local ttl = on_terminal(KEYS[1], st, now, ARGV[6])
+  redis.call('EXPIRE', KEYS[1], ttl)
+  redis.call('EXPIRE', KEYS[2], ttl)
   redis.call('ZREM', KEYS[4], KEYS[1])
 end
 local deadline = redis.call('HGET', KEYS[1], 'deadline')
@@ -124,7 +171,7 @@ redis.call('HSET', KEYS[1], 'n_tokens', n)
 return 1
 """
 
-FINISH = """
+FINISH = _ON_TERMINAL + """
 if redis.call('HGET', KEYS[1], 'attempts') ~= ARGV[1] then return 0 end
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
 local fields = cjson.decode(ARGV[3])
@@ -133,20 +180,22 @@ for k, v in pairs(fields) do redis.call('HSET', KEYS[1], k, v) end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[4], 'd', ARGV[5])
 redis.call('DEL', KEYS[3])
 redis.call('ZREM', KEYS[4], KEYS[1])
-redis.call('EXPIRE', KEYS[1], ARGV[7])
-redis.call('EXPIRE', KEYS[2], ARGV[7])
+local ttl = on_terminal(KEYS[1], ARGV[2], fields['finished_at'] or '0', ARGV[7])
+redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('EXPIRE', KEYS[2], ttl)
 return 1
 """
 
-CANCEL = _LEAVE_QUEUE + """
+CANCEL = _ON_TERMINAL + _LEAVE_QUEUE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return false end
 if state == 'queued' then
   leave_queue()
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished_at', ARGV[1], 'cancel_requested', '1')
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'e', 'cancelled', 'd', '{}')
-  redis.call('EXPIRE', KEYS[1], ARGV[3])
-  redis.call('EXPIRE', KEYS[2], ARGV[3])
+  local ttl = on_terminal(KEYS[1], 'cancelled', ARGV[1], ARGV[3])
+  redis.call('EXPIRE', KEYS[1], ttl)
+  redis.call('EXPIRE', KEYS[2], ttl)
   return 'cancelled'
 end
 if state == 'running' then redis.call('HSET', KEYS[1], 'cancel_requested', '1') end
@@ -208,3 +257,10 @@ def dumps(obj: Any) -> str:
 
 def lease_value(worker: str, attempt: int) -> str:
     return f"{worker}|{attempt}"
+
+
+# KEYS: batch; ARGV: now. The driver settles a batch whose lines all ended before it
+# finished enqueuing (or that had none left to enqueue after a cancel).
+SETTLE = _ON_TERMINAL + """
+return batch_settle(KEYS[1], ARGV[1])
+"""

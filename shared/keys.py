@@ -5,6 +5,7 @@
     tokenq:job:{id}:lease        string  "{worker}|{attempt}", PX = lease TTL
     tokenq:tenant:{t}:jobs       zset    job ids by creation time (listing, quotas)
     tokenq:tenant:{t}:queued     zset    the tenant's jobs still queued (per-tenant limit)
+    tokenq:tenant:{t}:batch_queued  zset  its batch lines still queued (not limited)
     tokenq:ratelimit:{t}:{kind}  hash    token bucket (level, ts) for requests/s and tokens/min
     tokenq:workers               hash    worker id -> JSON heartbeat (model, backend, slots, ts)
     tokenq:running               zset    job keys with a running attempt (for takeover)
@@ -12,6 +13,23 @@
     unacked                      hash    kombu's delivered-not-acked messages, by delivery tag
     tokenq:api:{uuid}:wake       stream  wakes the API's shared XREAD reader
     tokenq.{model}.{priority}    list    Celery queue (kombu's Redis transport)
+
+OpenAI files and batches, completion webhooks:
+
+    tokenq:file:{id}             hash    file object (owner, purpose, filename, bytes, kind)
+    tokenq:file:{id}:data        string  uploaded content (when files live in Redis)
+    tokenq:tenant:{t}:files      zset    file ids by creation time
+    tokenq:batch:{id}            hash    batch object, counters, enqueue cursor
+    tokenq:batch:{id}:out|:err   list    job ids of lines that succeeded | did not, in end order
+    tokenq:batch:{id}:ids        set     custom_ids seen while validating (duplicate check)
+    tokenq:batch:{id}:driver     string  lease of the API replica validating/enqueuing it
+    tokenq:batches:pending       set     batches a driver must work on (validate/enqueue/cancel)
+    tokenq:tenant:{t}:batches    zset    batch ids by creation time
+    tokenq:webhooks              zset    event id -> time of its next delivery attempt
+    tokenq:webhook:{eid}         hash    url, type, object id, attempts
+
+The job scripts (shared/jobs.py) build batch and webhook keys from the prefixes
+below inside Lua, because which batch a job belongs to is only known there.
 """
 
 from __future__ import annotations
@@ -46,8 +64,8 @@ def tenant_jobs(tenant: str) -> str:
     return f"{PREFIX}:tenant:{tenant}:jobs"
 
 
-def tenant_queued(tenant: str) -> str:
-    return f"{PREFIX}:tenant:{tenant}:queued"
+def tenant_queued(tenant: str, batch: bool = False) -> str:
+    return f"{PREFIX}:tenant:{tenant}:{'batch_queued' if batch else 'queued'}"
 
 
 def rate_bucket(tenant: str, kind: str) -> str:
@@ -72,3 +90,52 @@ def queue(model: str, priority: str) -> str:
 def model_queues(model: str) -> list[str]:
     """A worker's queues, highest priority first (consumed in this order)."""
     return [queue(model, p) for p in PRIORITIES]
+
+
+def file(file_id: str) -> str:
+    return f"{PREFIX}:file:{file_id}"
+
+
+def file_data(file_id: str) -> str:
+    return f"{PREFIX}:file:{file_id}:data"
+
+
+def tenant_files(tenant: str) -> str:
+    return f"{PREFIX}:tenant:{tenant}:files"
+
+
+BATCH_PREFIX = f"{PREFIX}:batch:"
+BATCHES_PENDING = f"{PREFIX}:batches:pending"
+
+
+def batch(batch_id: str) -> str:
+    return BATCH_PREFIX + batch_id
+
+
+def batch_out(batch_id: str) -> str:
+    return f"{BATCH_PREFIX}{batch_id}:out"
+
+
+def batch_err(batch_id: str) -> str:
+    return f"{BATCH_PREFIX}{batch_id}:err"
+
+
+def batch_ids(batch_id: str) -> str:
+    return f"{BATCH_PREFIX}{batch_id}:ids"
+
+
+def batch_driver(batch_id: str) -> str:
+    return f"{BATCH_PREFIX}{batch_id}:driver"
+
+
+def tenant_batches(tenant: str) -> str:
+    return f"{PREFIX}:tenant:{tenant}:batches"
+
+
+WEBHOOKS = f"{PREFIX}:webhooks"
+WEBHOOK_PREFIX = f"{PREFIX}:webhook:"
+WEBHOOK_SEQ = f"{PREFIX}:webhooks:seq"
+
+
+def webhook(event_id: str) -> str:
+    return WEBHOOK_PREFIX + event_id

@@ -104,6 +104,19 @@ def default_models() -> dict[str, ModelConfig]:
     }
 
 
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", ""})
+
+
+def redis_is_protected(url: str, env: str) -> bool:
+    """Embedded/dev Redis on loopback may run without a password; nothing else may."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme == "unix" or parts.password:
+        return True
+    return env != "production" and (parts.hostname or "") in LOOPBACK_HOSTS
+
+
 class Settings(BaseSettings):
     """Process settings; every field can be set as ``TOKENQ_<NAME>``."""
 
@@ -122,6 +135,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     public_url: str | None = None
+
+    # API keys file: lines of `sha256:<hex> tenant [admin]` (plain keys: TOKENQ_API_KEYS)
+    api_keys_file: Path | None = None
 
     # limits
     max_body_bytes: int = 1_000_000
@@ -160,6 +176,22 @@ class Settings(BaseSettings):
     # SSE
     sse_ping_s: float = 15.0
     sse_send_timeout_s: float = 30.0
+    # OpenAI chat/completions: a client that disconnects cancels its job (batch lines never).
+    cancel_on_disconnect: bool = True
+
+    # files and batches (OpenAI Files/Batch API)
+    max_file_bytes: int = 100_000_000
+    max_batch_lines: int = 50_000
+    # Where uploaded file contents live: None = in Redis (every API replica sees them);
+    # a directory must then be shared by all replicas.
+    files_dir: Path | None = None
+    file_ttl_s: int = 30 * 24 * 3600
+    batch_chunk: int = 256  # lines validated/enqueued per Redis round trip
+
+    # completion webhooks (metadata.webhook_url), sent by workers
+    webhook_secret: str | None = None
+    webhook_timeout_s: float = 5.0
+    webhook_max_attempts: int = 5
 
     # Celery redelivers a message not acked within this (its worker died, or the job is
     # simply long: the lease makes such a copy drop itself). kombu looks for overdue
@@ -173,11 +205,12 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
-        if self.env == "production":
-            if not self.redis_url:
-                raise ValueError("TOKENQ_REDIS_URL is required when TOKENQ_ENV=production")
-            if "@" not in self.redis_url:
-                raise ValueError("production Redis must be password-protected (redis://:pw@host)")
+        if self.env == "production" and not self.redis_url:
+            raise ValueError("TOKENQ_REDIS_URL is required when TOKENQ_ENV=production")
+        if self.redis_url and not redis_is_protected(self.redis_url, self.env):
+            raise ValueError(
+                "a Redis outside this machine (or any Redis in production) must be "
+                "password-protected: redis://:PASSWORD@host:6379/0 (or user:PASSWORD@ for ACLs)")
         return self
 
     def models(self) -> dict[str, ModelConfig]:

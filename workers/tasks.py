@@ -25,6 +25,7 @@ from shared.jobs import ACQUIRE, FINISH, HANDBACK, RENEW, REQUEUE, dumps, lease_
 from shared.metrics import WorkerMetrics
 from shared.schemas import EVENT_CANCELLED, EVENT_ERROR, SamplingParams
 from shared.settings import ModelConfig, Settings
+from shared.webhooks import WebhookSender
 from workers.engines.base import Engine, EngineRequest
 from workers.publisher import JobHandle, Publisher
 
@@ -56,6 +57,7 @@ class WorkerRuntime:
         self.metrics = WorkerMetrics()
         self.metrics_port: int | None = None
         self.celery = create_celery(self.settings)
+        self.webhooks = WebhookSender(self.r, self.settings)
         self._heart = threading.Thread(target=self._heartbeat, name="tokenq-heartbeat",
                                        daemon=True)
 
@@ -69,11 +71,13 @@ class WorkerRuntime:
         self.engine.start(self.publisher.sink)
         self._beat()
         self._heart.start()
+        self.webhooks.start()
         log.info("worker %s serving %s on %s (%d slots)", self.worker_id, self.model,
                  self.engine.backend, self.engine.slots)
 
     def close(self) -> None:
         self._stop.set()
+        self.webhooks.stop()
         self.engine.close()
         self.publisher.stop()
         try:

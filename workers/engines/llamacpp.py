@@ -8,7 +8,8 @@ The only module that imports llama_cpp. One context with n_seq_max = slots
    jobs being prefilled, within a prefill budget that grows with the number of
    decoding streams (chunked prefill: a long prompt never stalls the others);
 3. llama_decode once; sample each sequence from its own row with its own
-   sampler chain (penalties, top-k, top-p, temperature, seeded dist);
+   sampler chain (JSON-schema grammar, penalties, top-k, top-p, temperature,
+   seeded dist);
 4. hand the sink one StepOutput; a finished job's slot keeps its KV cells
    for the next job with the same prefix.
 """
@@ -16,6 +17,7 @@ The only module that imports llama_cpp. One context with n_seq_max = slots
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import queue
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp as ll
+from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from shared.chat import render_chat
 from shared.settings import ModelConfig
@@ -265,6 +268,7 @@ class LlamaCppEngine:
             try:
                 prompt = self.vocab.tokenize(self.vocab.render(req.prompt, req.messages))
                 sampler = self._sampler(req)
+                self._replay(sampler, req.resume_token_ids)
             except Exception as exc:
                 log.exception("job %s: could not be admitted", req.job_id)
                 out.finished.append(Finished(req.job_id, req.attempt, "error", 0, 0,
@@ -319,6 +323,15 @@ class LlamaCppEngine:
     def _sampler(self, req: EngineRequest) -> Any:
         p = req.params
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        if p.json_schema is not None:
+            # Structured output: only tokens the schema's grammar allows survive; EOG becomes
+            # possible once the JSON value is complete.
+            gbnf = json_schema_to_gbnf(json.dumps(p.json_schema))
+            grammar = ll.llama_sampler_init_grammar(self.vocab.vocab, gbnf.encode(), b"root")
+            if not grammar:
+                ll.llama_sampler_free(chain)
+                raise ValueError("llama.cpp could not compile the grammar for this JSON schema")
+            ll.llama_sampler_chain_add(chain, grammar)
         if p.repetition_penalty != 1.0:
             ll.llama_sampler_chain_add(
                 chain, ll.llama_sampler_init_penalties(self.vocab.n_vocab, 64,
@@ -334,6 +347,13 @@ class LlamaCppEngine:
         seed = p.seed if p.seed is not None else random.getrandbits(32)
         ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         return chain
+
+    @staticmethod
+    def _replay(sampler: Any, tokens: list[int]) -> None:
+        """A resumed job's sampler state (grammar position, penalty window) must match what
+        the first attempt had after the tokens it already streamed."""
+        for tok in tokens:
+            ll.llama_sampler_accept(sampler, tok)
 
     def _step(self, out: StepOutput) -> None:
         batch, n = self.batch, 0

@@ -1,0 +1,1 @@
+"""OpenAI-compatible surface: wire models (protocol), logic (serving), files and batches."""

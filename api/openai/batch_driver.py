@@ -1,0 +1,222 @@
+"""The batch driver: validates a batch's input file, enqueues its lines, sweeps a cancel.
+
+Every API replica runs one driver task. Batches that need work sit in the
+`tokenq:batches:pending` set; a driver takes one with a lease key (SET NX PX)
+and renews it between chunks, so a replica that dies mid-batch leaves it to
+another within the lease TTL. Work is idempotent: job ids are derived from the
+batch id and line number (CREATE skips an id that exists) and the cursor is
+saved after each chunk. The input file is read a piece at a time, so a
+10,000-line batch never needs 10,000 objects in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from pydantic import ValidationError
+from redis.exceptions import RedisError
+
+from api import service
+from api.deps import AppState
+from api.openai import files, protocol
+from shared import keys
+from shared.errors import TokenqError
+from shared.jobs import RENEW, SETTLE, dumps
+
+log = logging.getLogger(__name__)
+LEASE_MS = 30_000
+MAX_REPORTED_ERRORS = 100
+
+
+def line_job_id(batch_id: str, line: int) -> str:
+    return f"job_{batch_id.removeprefix('batch_')}_{line}"
+
+
+class LineError(Exception):
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+class BatchDriver:
+    def __init__(self, state: AppState):
+        self.state = state
+        self.r = state.redis
+        self.me = uuid.uuid4().hex
+        self.wake = asyncio.Event()
+        self._renew = self.r.register_script(RENEW)
+        self._settle = self.r.register_script(SETTLE)
+        self._stopping = False
+
+    async def run(self) -> None:
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=1.0)
+            self.wake.clear()
+            if self._stopping or self.state.draining:
+                continue
+            try:
+                pending: set[str] = await self.r.smembers(  # type: ignore[assignment]
+                    keys.BATCHES_PENDING)
+                for batch_id in sorted(pending):
+                    if await self.r.set(keys.batch_driver(batch_id), self.me, nx=True,
+                                        px=LEASE_MS):
+                        try:
+                            await self.work(batch_id)
+                        finally:
+                            await self.r.delete(keys.batch_driver(batch_id))
+            except RedisError as exc:
+                log.warning("batch driver: %s; retrying", exc)
+            except Exception:
+                log.exception("batch driver failed; retrying")
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.wake.set()
+
+    async def _keep_lease(self, batch_id: str) -> None:
+        if not await self._renew(keys=[keys.batch_driver(batch_id)], args=[self.me, LEASE_MS]):
+            raise RuntimeError(f"lost the driver lease of {batch_id}")
+
+    async def work(self, batch_id: str) -> None:
+        h: dict[str, str] = await self.r.hgetall(keys.batch(batch_id))  # type: ignore[assignment]
+        if not h:
+            await self.r.srem(keys.BATCHES_PENDING, batch_id)
+            return
+        if h["status"] == "validating":
+            h["status"] = await self.validate(h)
+        if h["status"] == "in_progress" and h.get("enqueue_done") != "1":
+            await self.enqueue(h)
+        if await self.r.hget(keys.batch(batch_id), "status") == "cancelling":
+            await self.sweep_cancel(batch_id)
+        status = await self._settle(keys=[keys.batch(batch_id)], args=[repr(time.time())])
+        if status in ("failed", "completed", "expired", "cancelled") or (
+                status == "in_progress"
+                and await self.r.hget(keys.batch(batch_id), "enqueue_done") == "1"):
+            await self.r.srem(keys.BATCHES_PENDING, batch_id)
+
+    async def _check_line(self, h: dict[str, str], raw: bytes) -> tuple[str, service.Prepared]:
+        try:
+            line = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise LineError("invalid_json", f"the line is not valid JSON: {exc}") from exc
+        if not isinstance(line, dict):
+            raise LineError("invalid_request", "each line must be a JSON object")
+        custom_id = line.get("custom_id")
+        if not isinstance(custom_id, str) or not custom_id:
+            raise LineError("missing_required_parameter", "custom_id must be a non-empty string",
+                            "custom_id")
+        if line.get("method", "POST") != "POST":
+            raise LineError("invalid_request", "method must be POST", "method")
+        if line.get("url") != h["endpoint"]:
+            raise LineError("mismatched_url", f"url must be the batch's endpoint "
+                            f"{h['endpoint']}, not {line.get('url')!r}", "url")
+        body = line.get("body")
+        if not isinstance(body, dict):
+            raise LineError("invalid_request", "body must be a JSON object", "body")
+        try:
+            req = protocol.parse(h["endpoint"], body)
+            if getattr(req, "stream", False):
+                raise LineError("invalid_request", "stream is not allowed in a batch",
+                                "body.stream")
+            job = req.to_job()
+            job.priority = "low"  # live traffic first while a batch drains
+            return custom_id, await service.prepare(self.state, h["owner"], job)
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            param = ".".join(str(p) for p in e.get("loc", ()))
+            raise LineError("invalid_request", f"{param or 'body'}: {e.get('msg')}",
+                            f"body.{param}" if param else "body") from exc
+        except TokenqError as exc:
+            raise LineError(exc.code or "invalid_request", exc.message,
+                            f"body.{exc.param}" if exc.param else None) from exc
+
+    async def validate(self, h: dict[str, str]) -> str:
+        """Check every line; either the batch goes in_progress with its total, or failed."""
+        s, batch_id = self.state.settings, h["id"]
+        errors: list[dict[str, Any]] = []
+        total = 0
+        seen = keys.batch_ids(batch_id)
+        await self.r.delete(seen)
+        async for n, raw in files.iter_lines(self.state, h["input_file_id"]):
+            total += 1
+            if total > s.max_batch_lines:
+                errors.append({"code": "too_many_lines", "line": n, "param": None,
+                               "message": f"a batch holds at most {s.max_batch_lines} lines"})
+                break
+            try:
+                custom_id, _ = await self._check_line(h, raw)
+                if not await self.r.sadd(seen, custom_id):
+                    raise LineError("duplicate_custom_id",
+                                    f"custom_id {custom_id!r} appears more than once",
+                                    "custom_id")
+            except LineError as err:
+                if len(errors) < MAX_REPORTED_ERRORS:
+                    errors.append({"code": err.code, "message": err.message,
+                                   "param": err.param, "line": n})
+            if total % s.batch_chunk == 0:
+                await self._keep_lease(batch_id)
+        await self.r.delete(seen)
+        if total == 0:
+            errors.append({"code": "empty_file", "message": "the input file has no lines",
+                           "param": None, "line": None})
+        now = repr(time.time())
+        if errors:
+            fields = {"status": "failed", "failed_at": now,
+                      "errors": dumps({"object": "list", "data": errors})}
+            status = "failed"
+        else:
+            fields = {"status": "in_progress", "in_progress_at": now, "total": str(total)}
+            status = "in_progress"
+        if await self.r.hget(keys.batch(batch_id), "status") == "cancelling":
+            # cancelled while validating: nothing was enqueued, the sweep settles it
+            fields, status = {"total": str(total), "enqueue_done": "1"}, "cancelling"
+        await self.r.hset(keys.batch(batch_id), mapping=fields)  # type: ignore[arg-type]
+        log.info("batch %s: %d lines, %d errors -> %s", batch_id, total, len(errors), status)
+        return status
+
+    async def enqueue(self, h: dict[str, str]) -> None:
+        s, batch_id = self.state.settings, h["id"]
+        cursor = int(h.get("cursor", 0))
+        deadline = float(h["expires_at"])
+        done = 0
+        async for n, raw in files.iter_lines(self.state, h["input_file_id"]):
+            if n <= cursor:
+                continue
+            custom_id, prepared = await self._check_line(h, raw)
+            extra = {"endpoint": h["endpoint"], "batch": batch_id, "custom_id": custom_id,
+                     "ttl": str(s.file_ttl_s)}
+            ok, _, _ = await service.enqueue(self.state, h["owner"], prepared,
+                                             job_id=line_job_id(batch_id, n),
+                                             deadline=deadline, extra=extra)
+            if ok == -1:
+                log.info("batch %s: queue full at line %d; continuing later", batch_id, n)
+                await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
+                return
+            cursor, done = n, done + 1  # CREATE counts `enqueued` itself, atomically
+            if done % s.batch_chunk == 0:
+                await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
+                await self._keep_lease(batch_id)
+                if await self.r.hget(keys.batch(batch_id), "status") != "in_progress":
+                    break  # cancelled: stop enqueuing; the sweep follows
+        await self.r.hset(keys.batch(batch_id), mapping={"cursor": str(cursor),
+                                                         "enqueue_done": "1"})
+
+    async def sweep_cancel(self, batch_id: str) -> None:
+        """Queued lines end `cancelled` (counted by the job scripts); running ones finish."""
+        s = self.state.settings
+        await self.r.hset(keys.batch(batch_id), "enqueue_done", "1")
+        cursor = int(await self.r.hget(keys.batch(batch_id), "cursor") or 0)
+        cancel = self.state.scripts["cancel"]
+        for n in range(1, cursor + 1):
+            job_id = line_job_id(batch_id, n)
+            await cancel(keys=[keys.job(job_id), keys.job_events(job_id)],
+                         args=[repr(time.time()), s.stream_maxlen, s.file_ttl_s])
+            if n % s.batch_chunk == 0:
+                await self._keep_lease(batch_id)

@@ -1,0 +1,203 @@
+"""OpenAI Batches: a batch is a Redis hash; each input line becomes a `low` priority job.
+
+Life of a batch (OpenAI's statuses):
+
+    validating   the driver (api/openai/batch_driver.py) checks every line first;
+                 any bad line -> `failed` with per-line errors, nothing enqueued
+    in_progress  the driver enqueues lines in chunks (cursor in the hash, so another
+                 API replica continues after a crash); lines run as ordinary jobs
+    completed    set by the job scripts when the last line ends (shared/jobs.py):
+    | expired    counting happens in the same atomic step as the job's own end,
+                 so a batch can neither miss a line nor count one twice
+    cancelling   queued lines are cancelled; running ones finish
+    -> cancelled
+
+Output and error files are rendered on read from the batch's result lists
+(`:out`, `:err` hold job ids), a chunk of lines at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from api.deps import AppState
+from api.openai import files
+from api.openai.protocol import ENDPOINTS, final_response
+from shared import keys
+from shared.errors import Conflict, InvalidRequest, NotFound
+from shared.jobs import dumps
+from shared.schemas import JobRecord
+
+WINDOWS = {"24h": 24 * 3600}
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+_TIMES = ("in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
+          "expired_at", "cancelling_at", "cancelled_at")
+
+
+def _int(v: str | None) -> int | None:
+    return int(float(v)) if v else None
+
+
+def batch_object(h: dict[str, str]) -> dict[str, Any]:
+    done = h["status"] in TERMINAL
+    completed, failed = int(h.get("completed", 0)), int(h.get("failed", 0))
+    return {
+        "id": h["id"], "object": "batch", "endpoint": h["endpoint"],
+        "errors": json.loads(h["errors"]) if h.get("errors") else None,
+        "input_file_id": h["input_file_id"], "completion_window": h["completion_window"],
+        "status": h["status"],
+        "output_file_id": h["output_file_id"] if done and completed else None,
+        "error_file_id": h["error_file_id"] if done and failed else None,
+        "created_at": int(float(h["created_at"])),
+        **{t: _int(h.get(t)) for t in _TIMES},
+        "request_counts": {"total": int(h.get("total", 0)), "completed": completed,
+                           "failed": failed},
+        "metadata": json.loads(h["metadata"]) if h.get("metadata") else None,
+    }
+
+
+async def create(state: AppState, tenant: str, input_file_id: str, endpoint: str,
+                 completion_window: str, metadata: dict[str, str] | None) -> dict[str, Any]:
+    if endpoint not in ENDPOINTS:
+        raise InvalidRequest(f"endpoint must be one of {', '.join(ENDPOINTS)}",
+                             param="endpoint")
+    if completion_window not in WINDOWS:
+        raise InvalidRequest("completion_window must be '24h'", param="completion_window")
+    f = await files.meta(state, tenant, input_file_id)
+    if f["purpose"] != "batch":
+        raise InvalidRequest(f"file {input_file_id} has purpose {f['purpose']!r}, not 'batch'",
+                             param="input_file_id")
+    now = time.time()
+    hex_ = uuid.uuid4().hex
+    batch_id = "batch_" + hex_
+    h = {"id": batch_id, "owner": tenant, "endpoint": endpoint, "input_file_id": input_file_id,
+         "completion_window": completion_window, "status": "validating",
+         "created_at": repr(now), "expires_at": repr(now + WINDOWS[completion_window]),
+         "output_file_id": "file-" + hex_ + "o", "error_file_id": "file-" + hex_ + "e",
+         "total": "0", "completed": "0", "failed": "0", "enqueued": "0", "cursor": "0"}
+    if metadata:
+        h["metadata"] = dumps(metadata)
+        if metadata.get("webhook_url"):
+            h["webhook_url"] = metadata["webhook_url"]
+    pipe = state.redis.pipeline(transaction=True)
+    pipe.hset(keys.batch(batch_id), mapping=h)  # type: ignore[arg-type]
+    pipe.zadd(keys.tenant_batches(tenant), {batch_id: now})
+    pipe.sadd(keys.BATCHES_PENDING, batch_id)
+    await pipe.execute()
+    wake = state.background.get("batch_wake")
+    if wake is not None:
+        wake.set()
+    return batch_object(h)
+
+
+async def _hash(state: AppState, tenant: str, batch_id: str) -> dict[str, str]:
+    h: dict[str, str] = await state.redis.hgetall(keys.batch(batch_id))  # type: ignore[assignment]
+    if not h or h.get("owner") != tenant:
+        raise NotFound(f"no batch {batch_id!r}", param="batch_id")
+    return h
+
+
+async def get(state: AppState, tenant: str, batch_id: str) -> dict[str, Any]:
+    h = await _hash(state, tenant, batch_id)
+    if h["status"] in TERMINAL:
+        await _register_outputs(state, tenant, h)
+    return batch_object(h)
+
+
+async def listing(state: AppState, tenant: str, limit: int, after: str | None) -> dict[str, Any]:
+    ids: list[str] = await state.redis.zrevrange(  # type: ignore[assignment]
+        keys.tenant_batches(tenant), 0, -1)
+    if after in ids:
+        ids = ids[ids.index(after) + 1:]
+    out = []
+    for batch_id in ids[:limit + 1]:
+        h: dict[str, str] = await state.redis.hgetall(keys.batch(batch_id))  # type: ignore[assignment]
+        if h:
+            out.append(batch_object(h))
+    return {"object": "list", "data": out[:limit], "has_more": len(out) > limit,
+            "first_id": out[0]["id"] if out else None,
+            "last_id": out[min(limit, len(out)) - 1]["id"] if out else None}
+
+
+async def cancel(state: AppState, tenant: str, batch_id: str) -> dict[str, Any]:
+    h = await _hash(state, tenant, batch_id)
+    if h["status"] in ("cancelling", "cancelled"):
+        return batch_object(h)
+    if h["status"] not in ("validating", "in_progress"):
+        raise Conflict(f"batch {batch_id} is {h['status']} and cannot be cancelled")
+    now = repr(time.time())
+    pipe = state.redis.pipeline(transaction=True)
+    pipe.hset(keys.batch(batch_id), mapping={"status": "cancelling", "cancelling_at": now})
+    pipe.sadd(keys.BATCHES_PENDING, batch_id)
+    await pipe.execute()
+    wake = state.background.get("batch_wake")
+    if wake is not None:
+        wake.set()
+    return batch_object(await _hash(state, tenant, batch_id))
+
+
+async def _register_outputs(state: AppState, tenant: str, h: dict[str, str]) -> None:
+    """Make a finished batch's output/error files visible as file objects (once)."""
+    for field, purpose, count in (("output_file_id", "batch_output", "completed"),
+                                  ("error_file_id", "batch_output", "failed")):
+        if int(h.get(count, 0)) == 0 or await state.redis.exists(keys.file(h[field])):
+            continue
+        fh = {"id": h[field], "owner": tenant, "purpose": purpose, "bytes": "0",
+              "filename": f"{h['id']}_{'output' if count == 'completed' else 'error'}.jsonl",
+              "created_at": h.get("completed_at") or h.get("cancelled_at") or repr(time.time()),
+              "kind": "batch_" + count, "batch": h["id"]}
+        await state.redis.hset(keys.file(h[field]), mapping=fh)  # type: ignore[arg-type]
+        await state.redis.expire(keys.file(h[field]), state.settings.file_ttl_s)
+        await state.redis.zadd(keys.tenant_files(tenant), {h[field]: time.time()})
+
+
+def output_line(endpoint: str, rec: JobRecord, custom_id: str) -> dict[str, Any]:
+    """One line of an output or error file, in OpenAI's batch output format."""
+    line: dict[str, Any] = {"id": "batch_req_" + rec.id.removeprefix("job_"),
+                            "custom_id": custom_id, "response": None, "error": None}
+    if rec.state == "succeeded":
+        line["response"] = {"status_code": 200, "request_id": rec.id,
+                            "body": final_response(endpoint, rec)}
+    elif rec.state in ("cancelled", "expired"):
+        code = "batch_cancelled" if rec.state == "cancelled" else "batch_expired"
+        line["error"] = {"code": code, "message": f"the request was {rec.state} before it ran"
+                         if rec.started_at is None else f"the request was {rec.state}"}
+    else:
+        err = rec.error
+        status = 400 if err is not None and err.code in (
+            "context_length_exceeded", "bad_request") else 500
+        line["response"] = {"status_code": status, "request_id": rec.id, "body": {"error": {
+            "message": err.message if err else "failed", "type": "server_error"
+            if status == 500 else "invalid_request_error", "code": err.code if err else None,
+            "param": None}}}
+    return line
+
+
+async def render(state: AppState, file_meta: dict[str, str], chunk: int = 256
+                 ) -> AsyncIterator[bytes]:
+    """A batch output/error file's JSONL, rendered from job records a chunk at a time."""
+    h: dict[str, str] = await state.redis.hgetall(  # type: ignore[assignment]
+        keys.batch(file_meta["batch"]))
+    key = (keys.batch_out if file_meta["kind"] == "batch_completed" else keys.batch_err)(
+        file_meta["batch"])
+    start = 0
+    while True:
+        ids: list[str] = await state.redis.lrange(  # type: ignore[assignment]
+            key, start, start + chunk - 1)
+        if not ids:
+            return
+        start += len(ids)
+        pipe = state.redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(keys.job(job_id))
+        lines = []
+        for rec_h in await pipe.execute():
+            if rec_h:
+                rec = JobRecord.from_hash(rec_h)
+                lines.append(dumps(output_line(h["endpoint"], rec, rec_h.get("custom_id", "")))
+                             + "\n")
+        yield "".join(lines).encode()

@@ -1,0 +1,160 @@
+"""OpenAI Files: uploads stored in Redis (or a shared directory), read back in chunks.
+
+An upload is copied in 1 MiB pieces (APPEND to a Redis string, or a file under
+`files_dir`), so neither the upload nor a 10,000-line batch file is ever held
+whole in the API's memory; readers take it back the same way (GETRANGE).
+A batch's output and error files are not stored at all: their lines are
+rendered on read from the batch's result lists (api/openai/batches.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import UploadFile
+
+from api.deps import AppState
+from shared import keys
+from shared.errors import InvalidRequest, NotFound, PayloadTooLarge
+
+PIECE = 1 << 20
+Purpose = Literal["batch", "batch_output", "user_data", "fine-tune", "assistants", "vision",
+                  "evals"]
+UPLOAD_PURPOSES = ("batch", "user_data", "fine-tune", "assistants", "vision", "evals")
+
+
+def file_object(h: dict[str, str]) -> dict[str, Any]:
+    return {"id": h["id"], "object": "file", "bytes": int(h.get("bytes", 0)),
+            "created_at": int(float(h["created_at"])), "filename": h.get("filename", ""),
+            "purpose": h["purpose"], "status": "processed", "status_details": None,
+            "expires_at": int(float(h["expires_at"])) if h.get("expires_at") else None}
+
+
+def _path(state: AppState, file_id: str) -> Path | None:
+    d = state.settings.files_dir
+    return None if d is None else Path(d) / file_id
+
+
+async def create(state: AppState, tenant: str, upload: UploadFile, purpose: str) -> dict[str, Any]:
+    if purpose not in UPLOAD_PURPOSES:
+        raise InvalidRequest(f"purpose must be one of {', '.join(UPLOAD_PURPOSES)}",
+                             param="purpose")
+    s, r = state.settings, state.redis
+    file_id = "file-" + uuid.uuid4().hex
+    path = _path(state, file_id)
+    size = 0
+    try:
+        while piece := await upload.read(PIECE):
+            size += len(piece)
+            if size > s.max_file_bytes:
+                raise PayloadTooLarge(f"file is larger than {s.max_file_bytes} bytes",
+                                      param="file")
+            if path is None:
+                await state.raw.append(keys.file_data(file_id), piece)
+            else:
+                await asyncio.to_thread(_append, path, piece)
+    except BaseException:
+        await _drop_data(state, file_id)
+        raise
+    now = time.time()
+    h = {"id": file_id, "owner": tenant, "purpose": purpose, "bytes": str(size),
+         "filename": upload.filename or "upload.jsonl", "created_at": repr(now), "kind": "upload"}
+    pipe = r.pipeline(transaction=True)
+    pipe.hset(keys.file(file_id), mapping=h)  # type: ignore[arg-type]
+    pipe.expire(keys.file(file_id), s.file_ttl_s)
+    if path is None:
+        pipe.expire(keys.file_data(file_id), s.file_ttl_s)
+    pipe.zadd(keys.tenant_files(tenant), {file_id: now})
+    await pipe.execute()
+    return file_object(h)
+
+
+def _append(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("ab") as f:
+        f.write(data)
+
+
+async def _drop_data(state: AppState, file_id: str) -> None:
+    path = _path(state, file_id)
+    if path is None:
+        await state.redis.delete(keys.file_data(file_id))
+    else:
+        await asyncio.to_thread(path.unlink, True)
+
+
+async def meta(state: AppState, tenant: str, file_id: str) -> dict[str, str]:
+    h: dict[str, str] = await state.redis.hgetall(keys.file(file_id))  # type: ignore[assignment]
+    if not h or h.get("owner") != tenant:
+        raise NotFound(f"no file {file_id!r}", param="file_id")
+    return h
+
+
+async def listing(state: AppState, tenant: str, purpose: str | None, limit: int,
+                  after: str | None) -> dict[str, Any]:
+    ids: list[str] = await state.redis.zrevrange(  # type: ignore[assignment]
+        keys.tenant_files(tenant), 0, -1)
+    if after in ids:
+        ids = ids[ids.index(after) + 1:]
+    out: list[dict[str, Any]] = []
+    for file_id in ids:
+        h: dict[str, str] = await state.redis.hgetall(keys.file(file_id))  # type: ignore[assignment]
+        if not h:
+            await state.redis.zrem(keys.tenant_files(tenant), file_id)
+        elif purpose is None or h["purpose"] == purpose:
+            out.append(file_object(h))
+            if len(out) > limit:
+                break
+    return {"object": "list", "data": out[:limit], "has_more": len(out) > limit,
+            "first_id": out[0]["id"] if out else None,
+            "last_id": out[min(limit, len(out)) - 1]["id"] if out else None}
+
+
+async def delete(state: AppState, tenant: str, file_id: str) -> dict[str, Any]:
+    await meta(state, tenant, file_id)
+    await _drop_data(state, file_id)
+    await state.redis.delete(keys.file(file_id))
+    await state.redis.zrem(keys.tenant_files(tenant), file_id)
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
+async def iter_bytes(state: AppState, file_id: str) -> AsyncIterator[bytes]:
+    """An uploaded file's content, one piece at a time."""
+    path = _path(state, file_id)
+    offset = 0
+    while True:
+        if path is None:
+            piece: bytes = await state.raw.getrange(  # type: ignore[assignment]
+                keys.file_data(file_id), offset,
+                                                    offset + PIECE - 1)
+        else:
+            piece = await asyncio.to_thread(_read, path, offset)
+        if not piece:
+            return
+        offset += len(piece)
+        yield piece
+
+
+def _read(path: Path, offset: int) -> bytes:
+    with path.open("rb") as f:
+        f.seek(offset)
+        return f.read(PIECE)
+
+
+async def iter_lines(state: AppState, file_id: str) -> AsyncIterator[tuple[int, bytes]]:
+    """(line number from 1, line) for each non-blank line, read piece by piece."""
+    rest, n = b"", 0
+    async for piece in iter_bytes(state, file_id):
+        rest += piece
+        *lines, rest = rest.split(b"\n")
+        for line in lines:
+            n += 1
+            if line.strip():
+                yield n, line
+    if rest.strip():
+        yield n + 1, rest

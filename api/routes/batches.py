@@ -1,0 +1,45 @@
+"""OpenAI Batches routes (thin; logic in api/openai/batches.py, work in batch_driver.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict
+
+from api.deps import StateDep, TenantDep
+from api.openai import batches
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"])
+
+
+class BatchCreate(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input_file_id: str
+    endpoint: str
+    completion_window: str = "24h"
+    metadata: dict[str, str] | None = None
+
+
+@router.post("")
+async def create_batch(body: BatchCreate, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
+    return await batches.create(state, tenant, body.input_file_id, body.endpoint,
+                                body.completion_window, body.metadata)
+
+
+@router.get("")
+async def list_batches(state: StateDep, tenant: TenantDep,
+                       limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                       after: str | None = None) -> dict[str, Any]:
+    return await batches.listing(state, tenant, limit, after)
+
+
+@router.get("/{batch_id}")
+async def get_batch(batch_id: str, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
+    return await batches.get(state, tenant, batch_id)
+
+
+@router.post("/{batch_id}/cancel")
+async def cancel_batch(batch_id: str, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
+    return await batches.cancel(state, tenant, batch_id)

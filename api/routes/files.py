@@ -1,0 +1,46 @@
+"""OpenAI Files routes (thin; logic in api/openai/files.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi.responses import StreamingResponse
+
+from api.deps import StateDep, TenantDep
+from api.openai import batches, files
+
+router = APIRouter(prefix="/v1/files", tags=["files"])
+
+
+@router.post("")
+async def create_file(state: StateDep, tenant: TenantDep,
+                      file: Annotated[UploadFile, File()],
+                      purpose: Annotated[str, Form()]) -> dict[str, Any]:
+    return await files.create(state, tenant, file, purpose)
+
+
+@router.get("")
+async def list_files(state: StateDep, tenant: TenantDep, purpose: str | None = None,
+                     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+                     after: str | None = None) -> dict[str, Any]:
+    return await files.listing(state, tenant, purpose, limit, after)
+
+
+@router.get("/{file_id}")
+async def get_file(file_id: str, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
+    return files.file_object(await files.meta(state, tenant, file_id))
+
+
+@router.get("/{file_id}/content")
+async def file_content(file_id: str, state: StateDep, tenant: TenantDep) -> StreamingResponse:
+    h = await files.meta(state, tenant, file_id)
+    body = (files.iter_bytes(state, file_id) if h.get("kind", "upload") == "upload"
+            else batches.render(state, h))
+    return StreamingResponse(body, media_type="application/octet-stream", headers={
+        "Content-Disposition": f'attachment; filename="{h.get("filename", file_id)}"'})
+
+
+@router.delete("/{file_id}")
+async def delete_file(file_id: str, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
+    return await files.delete(state, tenant, file_id)

@@ -1,0 +1,143 @@
+"""OpenAI Files and Batch API through the official SDK, on the real stack and models."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+import redis
+
+from cli.stack import Stack
+from shared import keys
+from tests.conftest import IDLE_MODEL, SMOL
+
+QUESTIONS = ["Name a colour.", "Name a fruit.", "Name an animal.", "Name a city.",
+             "Name a planet.", "Name a tree."]
+
+
+@pytest.fixture
+def oai(stack: Stack) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0,
+                       timeout=60) as c:
+        yield c
+
+
+def chat_line(custom_id: str, content: str, model: str = SMOL, **body: Any) -> dict[str, Any]:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": model, "max_tokens": 8, "temperature": 0,
+                     "messages": [{"role": "user", "content": content}], **body}}
+
+
+def jsonl(lines: list[Any]) -> bytes:
+    return "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines).encode()
+
+
+def wait_status(oai: openai.OpenAI, batch_id: str, want: set[str], timeout: float = 180
+                ) -> Any:
+    deadline = time.time() + timeout
+    while (b := oai.batches.retrieve(batch_id)).status not in want:
+        assert time.time() < deadline, b
+        assert b.status not in {"failed", "expired", "cancelled", "completed"} - want, b
+        time.sleep(0.3)
+    return b
+
+
+def read_lines(oai: openai.OpenAI, file_id: str) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in oai.files.content(file_id).text.splitlines() if x]
+
+
+def test_file_roundtrip_and_delete(oai: openai.OpenAI) -> None:
+    data = jsonl([chat_line(f"q{i}", q) for i, q in enumerate(QUESTIONS)]) + "한국어 ✓\n".encode()
+    f = oai.files.create(file=("in.jsonl", data), purpose="batch")
+    assert f.id.startswith("file-") and f.bytes == len(data) and f.purpose == "batch"
+    assert oai.files.retrieve(f.id).filename == "in.jsonl"
+    assert oai.files.content(f.id).content == data
+    assert f.id in {x.id for x in oai.files.list(purpose="batch")}
+    assert oai.files.delete(f.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        oai.files.retrieve(f.id)
+
+
+def test_batch_runs_to_completed_with_every_custom_id(oai: openai.OpenAI) -> None:
+    lines = [chat_line(f"req-{i}", q) for i, q in enumerate(QUESTIONS)]
+    f = oai.files.create(file=("b.jsonl", jsonl(lines)), purpose="batch")
+    b = oai.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                           completion_window="24h", metadata={"job": "demo"})
+    assert b.status == "validating" and b.metadata == {"job": "demo"}
+    done = wait_status(oai, b.id, {"completed"})
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed,
+            done.request_counts.failed) == (6, 6, 0)
+    assert done.output_file_id and done.error_file_id is None
+    assert done.completed_at and done.in_progress_at
+    out = read_lines(oai, done.output_file_id)
+    assert sorted(x["custom_id"] for x in out) == sorted(x["custom_id"] for x in lines)
+    for x in out:
+        body = x["response"]["body"]
+        assert x["response"]["status_code"] == 200 and x["error"] is None
+        assert body["object"] == "chat.completion" and body["choices"][0]["message"]["content"]
+        assert body["usage"]["completion_tokens"] <= 8
+    assert b.id in {x.id for x in oai.batches.list()}
+    with pytest.raises(openai.ConflictError):
+        oai.batches.cancel(b.id)  # a completed batch cannot be cancelled
+
+
+def test_invalid_lines_fail_validation_and_enqueue_nothing(
+        oai: openai.OpenAI, stack_redis: redis.Redis) -> None:
+    lines: list[Any] = [
+        chat_line("ok-1", "hi"),
+        "{not json",
+        {**chat_line("wrong-url", "hi"), "url": "/v1/embeddings"},
+        chat_line("ok-1", "duplicate id"),
+        chat_line("unknown-model", "hi", model="no-such-model"),
+        chat_line("too-long", "hi", max_tokens=10**6),
+        {"method": "POST", "url": "/v1/chat/completions", "body": {}},
+    ]
+    depth = stack_redis.llen(keys.queue(SMOL, "low"))
+    f = oai.files.create(file=("bad.jsonl", jsonl(lines)), purpose="batch")
+    b = oai.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                           completion_window="24h")
+    failed = wait_status(oai, b.id, {"failed"}, timeout=60)
+    assert failed.errors is not None and failed.errors.data is not None
+    by_line = {e.line: e.code for e in failed.errors.data}
+    assert set(by_line) == {2, 3, 4, 5, 6, 7}, by_line
+    assert by_line[2] == "invalid_json" and by_line[3] == "mismatched_url"
+    assert by_line[4] == "duplicate_custom_id" and by_line[5] == "model_not_found"
+    assert failed.output_file_id is None and failed.request_counts is not None
+    assert stack_redis.llen(keys.queue(SMOL, "low")) == depth
+    hex_ = b.id.removeprefix("batch_")
+    assert not list(stack_redis.scan_iter(f"tokenq:job:job_{hex_}_*"))
+
+
+def test_batch_endpoint_and_file_checks(oai: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError):
+        oai.batches.create(input_file_id="file-nope", endpoint="/v1/chat/completions",
+                           completion_window="24h")
+    f = oai.files.create(file=("x.jsonl", jsonl([chat_line("a", "hi")])), purpose="user_data")
+    with pytest.raises(openai.BadRequestError):
+        oai.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                           completion_window="24h")
+    with pytest.raises(openai.NotFoundError):
+        oai.batches.retrieve("batch_nope")
+
+
+def test_cancel_queued_batch(oai: openai.OpenAI) -> None:
+    """No worker consumes IDLE_MODEL: every line waits in the queue, so cancel ends them all."""
+    lines = [chat_line(f"c{i}", "hi", model=IDLE_MODEL) for i in range(5)]
+    f = oai.files.create(file=("c.jsonl", jsonl(lines)), purpose="batch")
+    b = oai.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                           completion_window="24h")
+    wait_status(oai, b.id, {"in_progress"}, timeout=60)
+    assert oai.batches.cancel(b.id).status in ("cancelling", "cancelled")
+    done = wait_status(oai, b.id, {"cancelled"}, timeout=60)
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (0, 5)
+    assert done.error_file_id and done.output_file_id is None
+    errs = read_lines(oai, done.error_file_id)
+    assert sorted(e["custom_id"] for e in errs) == [f"c{i}" for i in range(5)]
+    assert {e["error"]["code"] for e in errs} == {"batch_cancelled"}
+    assert oai.batches.cancel(b.id).status == "cancelled"  # idempotent

@@ -1,0 +1,162 @@
+"""The official openai SDK against a running stack: models, chat, completions, JSON output."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import httpx
+import jsonschema
+import openai
+import pytest
+import redis
+
+from cli.stack import Stack
+from shared import keys
+from tests.conftest import IDLE_MODEL, SMOL
+
+CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+@pytest.fixture
+def oai(stack: Stack) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0,
+                       timeout=120) as c:
+        yield c
+
+
+def test_models_list_and_retrieve(oai: openai.OpenAI) -> None:
+    ids = {m.id for m in oai.models.list()}
+    assert SMOL in ids
+    assert oai.models.retrieve(SMOL).id == SMOL
+    with pytest.raises(openai.NotFoundError):
+        oai.models.retrieve("no-such-model")
+
+
+def test_chat_non_streaming_matches_native_job(oai: openai.OpenAI, client: httpx.Client) -> None:
+    resp = oai.chat.completions.with_raw_response.create(
+        model=SMOL, messages=CHAT, max_tokens=16, temperature=0)  # type: ignore[arg-type]
+    job_id = resp.headers["x-tokenq-job-id"]
+    out = resp.parse()
+    assert out.object == "chat.completion"
+    assert out.id == "chatcmpl-" + job_id.removeprefix("job_")
+    choice = out.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert out.usage is not None and out.usage.completion_tokens > 0
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    # It ran as a job through the queue: the job record holds the same text.
+    rec = client.get(f"/v1/jobs/{job_id}").json()
+    assert rec["state"] == "succeeded" and rec["output"] == choice.message.content
+    # The same request posted as a native job gives the same text (temperature 0).
+    native = client.post("/v1/jobs", json={"model": SMOL, "messages": CHAT, "max_tokens": 16,
+                                           "temperature": 0}).json()
+    deadline = time.time() + 60
+    while (rec := client.get(f"/v1/jobs/{native['id']}").json())["state"] != "succeeded":
+        assert time.time() < deadline, rec
+        time.sleep(0.2)
+    assert rec["output"] == choice.message.content
+
+
+def test_chat_streaming_with_usage(oai: openai.OpenAI) -> None:
+    stream = oai.chat.completions.create(
+        model=SMOL, messages=CHAT, max_tokens=12, temperature=0,  # type: ignore[arg-type]
+        stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and
+              c.choices[0].finish_reason]
+    assert finals in (["stop"], ["length"])
+    usage = chunks[-1].usage
+    assert usage is not None and not chunks[-1].choices
+    assert usage.completion_tokens == 12 or finals == ["stop"]
+    full = oai.chat.completions.create(model=SMOL, messages=CHAT, max_tokens=12,  # type: ignore[arg-type]
+                                       temperature=0)
+    assert text == full.choices[0].message.content
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_completions_plain_and_streamed(oai: openai.OpenAI) -> None:
+    out = oai.completions.create(model=SMOL, prompt="The capital of France is", max_tokens=8,
+                                 temperature=0)
+    assert out.object == "text_completion" and out.choices[0].text
+    assert out.usage is not None and out.usage.completion_tokens <= 8
+    streamed = "".join(c.choices[0].text for c in oai.completions.create(
+        model=SMOL, prompt="The capital of France is", max_tokens=8, temperature=0,
+        stream=True))
+    assert streamed == out.choices[0].text
+
+
+SUMMARY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "issue": {"type": "string", "maxLength": 60},
+        "sentiment": {"type": "string", "enum": ["positive", "neutral", "negative"]},
+        "follow_up": {"type": "boolean"},
+    },
+    "required": ["issue", "sentiment", "follow_up"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_output_validates(oai: openai.OpenAI) -> None:
+    out = oai.chat.completions.create(
+        model=SMOL, max_tokens=80, temperature=0, extra_body={"repetition_penalty": 1.2},
+        messages=[{"role": "user", "content": "Customer was charged twice; the agent "
+                   "refunded the duplicate. Summarise the call as JSON."}],
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "summary", "schema": SUMMARY_SCHEMA}})
+    assert out.choices[0].finish_reason == "stop"
+    doc = json.loads(out.choices[0].message.content or "")
+    jsonschema.validate(doc, SUMMARY_SCHEMA)
+    obj = oai.chat.completions.create(
+        model=SMOL, max_tokens=60, temperature=0, extra_body={"repetition_penalty": 1.2},
+        messages=[{"role": "user", "content": "Give a JSON object with a colour."}],
+        response_format={"type": "json_object"})
+    if obj.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(obj.choices[0].message.content or ""), dict)
+    else:  # out of tokens mid-object: still a prefix of an object
+        assert (obj.choices[0].message.content or "").lstrip().startswith("{")
+
+
+@pytest.mark.parametrize(("kwargs", "exc"), [
+    ({"model": "no-such-model"}, openai.NotFoundError),
+    ({"n": 2}, openai.BadRequestError),
+    ({"logprobs": True}, openai.BadRequestError),
+    ({"max_tokens": 0}, openai.BadRequestError),
+    ({"temperature": 5}, openai.BadRequestError),
+    ({"messages": []}, openai.BadRequestError),
+    ({"response_format": {"type": "json_schema",
+                          "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     openai.BadRequestError),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+     openai.BadRequestError),
+])
+def test_bad_requests_raise_the_right_sdk_error(
+        oai: openai.OpenAI, stack_redis: redis.Redis, kwargs: dict[str, object],
+        exc: type[Exception]) -> None:
+    body: dict[str, object] = {"model": SMOL, "messages": CHAT, "max_tokens": 4}
+    body.update(kwargs)
+    before = stack_redis.llen(keys.queue(SMOL, "normal"))
+    with pytest.raises(exc) as info:
+        oai.chat.completions.create(**body)  # type: ignore[call-overload]
+    assert isinstance(info.value, openai.APIStatusError)
+    assert info.value.body and "message" in info.value.body  # type: ignore[operator]
+    assert stack_redis.llen(keys.queue(SMOL, "normal")) == before
+
+
+def test_disconnect_cancels_the_job(stack: Stack, stack_redis: redis.Redis) -> None:
+    """Interactive clients: a closed stream cancels its job (here a job that is queued
+    because no worker consumes IDLE_MODEL, so it must end `cancelled`, never run)."""
+    with httpx.Client(base_url=stack.url, timeout=30) as c, c.stream(
+            "POST", "/v1/chat/completions",
+            json={"model": IDLE_MODEL, "messages": CHAT, "stream": True}) as resp:
+        assert resp.status_code == 200
+        job_id = resp.headers["x-tokenq-job-id"]
+        next(resp.iter_lines())  # the role chunk: the stream is open
+    deadline = time.time() + 10
+    while stack_redis.hget(keys.job(job_id), "state") != "cancelled":
+        assert time.time() < deadline, stack_redis.hgetall(keys.job(job_id))
+        time.sleep(0.1)
