@@ -64,7 +64,7 @@ def test_sigkill_worker_at_half_loses_nothing(tmp_path: Path) -> None:
 def test_sigterm_mid_batch_hands_back_and_restarts_quickly(tmp_path: Path) -> None:
     with fake_stack(tmp_path, rate=20) as st, httpx.Client(base_url=st.url, timeout=30) as c:
         r = redis_of(st)
-        ids = submit(c, 80, 60)  # 3 s a job: the 1 s drain grace cannot finish them
+        ids = submit(c, 48, 60)  # 3 s a job: the 1 s drain grace cannot finish them
         wait_count(r, ids, 16, timeout=60)
         victim = worker_id(st, 0)
         st.worker_procs[0][1].send_signal(signal.SIGTERM)

@@ -1,4 +1,5 @@
-"""SIGKILL a real llama.cpp worker mid-stream: another worker continues the job's stream."""
+"""Scenario 3 on the real engine: SIGKILL (and SIGTERM) a llama.cpp worker mid-stream with
+an SSE client attached; another worker continues the stream to `done`, attempts = 2."""
 
 from __future__ import annotations
 
