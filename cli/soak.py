@@ -189,12 +189,13 @@ def run_soak(cfg: SoakConfig, say: Any = print) -> int:
             out = Outcome()
             t0 = time.monotonic()
             until = t0 + cfg.minutes * 60
-            threads = [threading.Thread(target=submit_loop, args=(stack, cfg, rate, until, out)),
-                       threading.Thread(target=chaos_loop, args=(stack, cfg, until, out, t0))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            submitter = threading.Thread(target=submit_loop,
+                                         args=(stack, cfg, rate, until, out))
+            submitter.start()
+            # Chaos on the main thread: the children it (re)starts get PR_SET_PDEATHSIG,
+            # which fires when the *thread* that started them ends.
+            chaos_loop(stack, cfg, until, out, t0)
+            submitter.join()
             r = redis.Redis.from_url(stack.redis_url, decode_responses=True)
             drain_until = time.monotonic() + 300
             pending = list(out.submitted)

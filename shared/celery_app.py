@@ -9,6 +9,7 @@ same Lua script as the job record, so a 202 means both are in Redis.
 from __future__ import annotations
 
 import base64
+import logging
 import uuid
 from typing import Any
 
@@ -19,6 +20,49 @@ from shared.jobs import dumps
 from shared.settings import Settings
 
 GENERATE_TASK = "tokenq.generate"
+
+log = logging.getLogger(__name__)
+
+
+def tolerate_acks_after_connection_loss() -> None:
+    """Worker side: make an ack on a channel closed by a broker connection loss a no-op.
+
+    With worker_cancel_long_running_tasks_on_connection_loss=False, tasks run on while
+    the consumer reconnects; kombu closes the old channel (its delivered messages stay
+    in the unacked hash or go back to the queue), and a task that ends afterwards acks
+    on that closed channel. kombu 5.7 then raises AttributeError (its client is gone),
+    which Celery treats as unrecoverable and the worker exits (seen in `tokenq soak`
+    when Redis restarted under load). Skipping that ack is what the broker would do
+    anyway: the message is redelivered later and ACQUIRE drops the copy (terminal)."""
+    from kombu.transport import redis as kombu_redis
+
+    qos: Any = kombu_redis.QoS
+    if getattr(qos, "_tokenq_tolerant", False):
+        return
+    ack, reject = qos.ack, qos.reject
+
+    def lost(channel: Any) -> bool:
+        # Closed, or being closed: kombu drops the transport's client before `closed` is set.
+        return bool(channel.closed or getattr(channel.connection, "client", None) is None)
+
+    def safe_ack(self: Any, delivery_tag: str) -> None:
+        try:
+            if not lost(self.channel):
+                ack(self, delivery_tag)
+                return
+        except AttributeError:  # the client went away between the check and the call
+            pass
+        log.warning("ack after the broker connection was lost: message %s will be "
+                    "redelivered and dropped by its job's state", delivery_tag)
+
+    def safe_reject(self: Any, delivery_tag: str, requeue: bool = False) -> None:
+        try:
+            if not lost(self.channel):
+                reject(self, delivery_tag, requeue=requeue)
+        except AttributeError:
+            pass
+
+    qos.ack, qos.reject, qos._tokenq_tolerant = safe_ack, safe_reject, True
 
 
 def create_celery(settings: Settings) -> Celery:
@@ -37,9 +81,9 @@ def create_celery(settings: Settings) -> Celery:
         task_create_missing_queues=True,
         broker_connection_retry_on_startup=True,
         # Broker connection lost (Redis restarted): keep running tasks. Their acks are lost
-        # with the old channel, so kombu redelivers the messages after the visibility
-        # timeout; the copies find the job terminal (or leased) and drop themselves. Cancelling
-        # would instead throw away generation that the job record and lease keep safe.
+        # with the old channel (tolerate_acks_after_connection_loss), so kombu redelivers the
+        # messages; the copies find the job terminal (or leased) and drop themselves.
+        # Cancelling would throw away generation that the job record and lease keep safe.
         worker_cancel_long_running_tasks_on_connection_loss=False,
         worker_hijack_root_logger=False,
         worker_send_task_events=False,

@@ -17,7 +17,11 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from shared import keys
-from shared.celery_app import GENERATE_TASK, create_celery
+from shared.celery_app import (
+    GENERATE_TASK,
+    create_celery,
+    tolerate_acks_after_connection_loss,
+)
 from shared.models import gguf_path, select_backend
 from shared.settings import Settings
 from workers import tasks
@@ -46,6 +50,7 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
     if model not in settings.models():
         raise SystemExit(f"unknown model {model!r}; known: {', '.join(settings.models())}")
     app = create_celery(settings)
+    tolerate_acks_after_connection_loss()
     app.task(name=GENERATE_TASK, acks_late=True, ignore_result=True)(tasks.generate)
     cfg = settings.models()[model]
 
