@@ -52,6 +52,7 @@ class Outcome:
     submitted: list[str] = field(default_factory=list)
     refused: int = 0  # 429/503 answers (retried)
     kills: list[float] = field(default_factory=list)
+    restarts: int = 0  # workers that exited and were replaced (kills included)
     redis_restart: float | None = None
 
 
@@ -107,7 +108,7 @@ def chaos_loop(stack: Stack, cfg: SoakConfig, until: float, out: Outcome, t0: fl
     restart_at = t0 + (until - t0) / 2
     while time.monotonic() < until:
         time.sleep(0.5)
-        stack.restart_dead_workers()
+        out.restarts += stack.restart_dead_workers()
         now = time.monotonic()
         if now >= next_kill:
             live = [p for _, p in stack.worker_procs if p.poll() is None]
@@ -200,7 +201,7 @@ def run_soak(cfg: SoakConfig, say: Any = print) -> int:
             drain_until = time.monotonic() + 300
             pending = list(out.submitted)
             while pending and time.monotonic() < drain_until:  # let the last jobs finish
-                stack.restart_dead_workers()
+                out.restarts += stack.restart_dead_workers()
                 pipe = r.pipeline(transaction=False)
                 for job_id in pending:
                     pipe.hget(keys.job(job_id), "state")
@@ -213,13 +214,16 @@ def run_soak(cfg: SoakConfig, say: Any = print) -> int:
         finally:
             stack.stop()
     n = len(out.submitted)
-    ok = not result["problems"] and result["states"].get("succeeded", 0) == n
+    unexpected = out.restarts - len(out.kills)
+    ok = not result["problems"] and result["states"].get("succeeded", 0) == n \
+        and unexpected == 0
     say(f"submitted {n} ({out.refused} refusals retried); terminal: {result['states']}; "
         f"exactly once: {'yes' if not result['problems'] else 'NO'}")
     for p in result["problems"][:10]:
         say(f"  {p}")
     say(f"worker kills at {', '.join(f'{k:.0f}s' for k in out.kills)}; Redis restarted at "
-        f"{out.redis_restart or 0:.0f}s; {result['taken_over']} jobs taken over")
+        f"{out.redis_restart or 0:.0f}s; {result['taken_over']} jobs taken over; "
+        f"{unexpected} worker exits besides the kills")
     q, f = result["queue_s"], result["ttft_s"]
     say(f"queue time p50 {pct(q, 50) * 1000:.0f} ms, p99 {pct(q, 99) * 1000:.0f} ms; "
         f"TTFT p50 {pct(f, 50) * 1000:.0f} ms, p99 {pct(f, 99) * 1000:.0f} ms")

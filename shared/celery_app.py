@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 def tolerate_acks_after_connection_loss() -> None:
-    """Worker side: make an ack on a channel closed by a broker connection loss a no-op.
+    """Worker side: survive kombu's cleanup of a lost broker connection (Redis restarted).
 
     With worker_cancel_long_running_tasks_on_connection_loss=False, tasks run on while
     the consumer reconnects; kombu closes the old channel (its delivered messages stay
@@ -62,7 +62,20 @@ def tolerate_acks_after_connection_loss() -> None:
         except AttributeError:
             pass
 
-    qos.ack, qos.reject, qos._tokenq_tolerant = safe_ack, safe_reject, True
+    restore = qos.restore_unacked
+
+    def safe_restore(self: Any, client: Any = None) -> None:
+        # Celery closes the lost connection after kombu dropped its client, and closing
+        # the channel restores its delivered messages through that client: AttributeError,
+        # "Unrecoverable error", worker exit. Skipped, they stay in the unacked hash that
+        # the visibility-timeout sweep restores (and their tasks run on here anyway).
+        try:
+            restore(self, client)
+        except AttributeError:
+            log.warning("broker connection lost: delivered messages left to the unacked sweep")
+
+    qos.ack, qos.reject, qos.restore_unacked = safe_ack, safe_reject, safe_restore
+    qos._tokenq_tolerant = True
 
 
 def create_celery(settings: Settings) -> Celery:
