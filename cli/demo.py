@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -9,7 +10,7 @@ from rich.console import Console
 
 from cli.sse import stream_events
 from cli.stack import Stack
-from cli.transcripts import TRANSCRIPTS, summary_messages
+from cli.transcripts import RESPONSE_FORMAT, TRANSCRIPTS, summary_messages
 from shared.settings import Settings
 
 
@@ -29,6 +30,7 @@ def run_demo(settings: Settings, port: int, transcript: str, max_tokens: int) ->
             body = {"model": settings.default_model,
                     "messages": summary_messages(TRANSCRIPTS[transcript]),
                     "max_tokens": max_tokens, "temperature": 0.0,
+                    "response_format": RESPONSE_FORMAT,
                     "metadata": {"use_case": "post-call-summary"}}
             sent = time.monotonic()
             resp = client.post("/v1/jobs", json=body)
@@ -37,9 +39,11 @@ def run_demo(settings: Settings, port: int, transcript: str, max_tokens: int) ->
             console.print(f"[dim]POST /v1/jobs -> 202 {job['id']}[/]")
             console.print("[bold]Summary[/] (streamed over SSE)")
             first = None
+            text: list[str] = []
             for ev in stream_events(client, job["id"]):
                 if ev.event == "token":
                     first = first or time.monotonic()
+                    text.append(ev.data["text"])
                     console.print(ev.data["text"], end="", markup=False, highlight=False)
                 elif ev.event == "done":
                     u = ev.data["usage"]
@@ -53,6 +57,10 @@ def run_demo(settings: Settings, port: int, transcript: str, max_tokens: int) ->
                 elif ev.event in ("error", "cancelled"):
                     console.print(f"\n[red]{ev.event}: {ev.data}[/]")
                     return 1
+        try:  # decoding was constrained to the schema: a finished summary always parses
+            console.print_json(data=json.loads("".join(text)))
+        except json.JSONDecodeError:
+            console.print("[yellow](the summary hit max_tokens before the JSON closed)[/]")
         console.print("[dim](SmolLM2-135M is tiny: expect a rough summary; point the "
                       "registry at a bigger GGUF for real use)[/]")
         return 0

@@ -66,7 +66,7 @@ def worker(
 def demo(
     port: Annotated[int | None, typer.Option(help="API port (default: a free one)")] = None,
     transcript: Annotated[str, typer.Option(help="billing-en or delivery-ko")] = "billing-en",
-    max_tokens: Annotated[int, typer.Option()] = 160,
+    max_tokens: Annotated[int, typer.Option()] = 256,
 ) -> None:
     """Start the embedded stack, stream one post-call summary to the terminal, stop."""
     from cli.demo import run_demo

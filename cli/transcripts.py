@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 # Tiny models follow an instruction best when it comes after the transcript.
 SYSTEM_PROMPT = "You are a helpful assistant that writes call summaries."
-INSTRUCTION = ("Summarise the call in 3 short bullet points: the customer's problem, "
-               "what the agent did, and the outcome.")
+INSTRUCTION = ("Summarise the call as JSON with: issue (the customer's problem), actions "
+               "(what the agent did), outcome, follow_up (what happens next) and sentiment.")
+
+# The post-call summary (examples/post_call/summary_schema.json holds the same schema; a test
+# keeps them equal). maxLength/maxItems bound the output of a model that likes to ramble.
+SUMMARY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "issue": {"type": "string", "maxLength": 160},
+        "actions": {"type": "array", "items": {"type": "string", "maxLength": 120},
+                    "minItems": 1, "maxItems": 3},
+        "outcome": {"type": "string", "maxLength": 160},
+        "follow_up": {"type": "string", "maxLength": 120},
+        "sentiment": {"type": "string", "enum": ["positive", "neutral", "negative"]},
+    },
+    "required": ["issue", "actions", "outcome", "follow_up", "sentiment"],
+    "additionalProperties": False,
+}
+RESPONSE_FORMAT = {"type": "json_schema",
+                   "json_schema": {"name": "call_summary", "schema": SUMMARY_SCHEMA}}
 
 BILLING_EN = """\
 Agent: Thank you for calling Northwind Telecom, this is Priya. How can I help?

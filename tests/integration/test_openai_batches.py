@@ -13,7 +13,7 @@ import redis
 
 from cli.stack import Stack
 from shared import keys
-from tests.conftest import IDLE_MODEL, SMOL
+from tests.conftest import IDLE_MODEL, MAX_BATCH_LINES, SMOL
 
 QUESTIONS = ["Name a colour.", "Name a fruit.", "Name an animal.", "Name a city.",
              "Name a planet.", "Name a tree."]
@@ -141,3 +141,46 @@ def test_cancel_queued_batch(oai: openai.OpenAI) -> None:
     assert sorted(e["custom_id"] for e in errs) == [f"c{i}" for i in range(5)]
     assert {e["error"]["code"] for e in errs} == {"batch_cancelled"}
     assert oai.batches.cancel(b.id).status == "cancelled"  # idempotent
+
+
+def test_cancel_mid_run_keeps_finished_results(oai: openai.OpenAI) -> None:
+    lines = [chat_line(f"m{i}", QUESTIONS[i % len(QUESTIONS)], max_tokens=24)
+             for i in range(16)]
+    f = oai.files.create(file=("m.jsonl", jsonl(lines)), purpose="batch")
+    b = oai.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                           completion_window="24h")
+    deadline = time.time() + 180
+    while True:
+        cur = oai.batches.retrieve(b.id)
+        if cur.request_counts and cur.request_counts.completed >= 1:
+            break
+        assert time.time() < deadline, cur
+        assert cur.status in ("validating", "in_progress"), cur
+        time.sleep(0.2)
+    oai.batches.cancel(b.id)
+    done = wait_status(oai, b.id, {"cancelled"})
+    counts = done.request_counts
+    assert counts is not None and counts.total == 16
+    assert counts.completed >= 1 and counts.completed + counts.failed == 16
+    assert counts.failed >= 1, "the cancel came too late to test anything"
+    assert done.output_file_id and done.error_file_id
+    out = read_lines(oai, done.output_file_id)
+    errs = read_lines(oai, done.error_file_id)
+    assert len(out) == counts.completed and len(errs) == counts.failed
+    assert sorted(x["custom_id"] for x in out + errs) == sorted(x["custom_id"] for x in lines)
+    assert all(x["response"]["status_code"] == 200 for x in out)
+    assert {e["error"]["code"] for e in errs} == {"batch_cancelled"}
+
+
+def test_batch_over_the_line_limit_fails_validation(oai: openai.OpenAI,
+                                                    stack_redis: redis.Redis) -> None:
+    lines = [chat_line(f"l{i}", "hi", model=IDLE_MODEL) for i in range(MAX_BATCH_LINES + 1)]
+    depth = stack_redis.llen(keys.queue(IDLE_MODEL, "low"))
+    f = oai.files.create(file=("big.jsonl", jsonl(lines)), purpose="batch")
+    b = oai.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                           completion_window="24h")
+    failed = wait_status(oai, b.id, {"failed"}, timeout=120)
+    assert failed.errors is not None and failed.errors.data is not None
+    assert [e.code for e in failed.errors.data] == ["too_many_lines"]
+    assert failed.errors.data[0].line == MAX_BATCH_LINES + 1
+    assert stack_redis.llen(keys.queue(IDLE_MODEL, "low")) == depth

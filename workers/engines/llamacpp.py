@@ -1,7 +1,8 @@
 """llama.cpp engine: continuous batching over one llama_batch, one sequence id per job.
 
-The only module that imports llama_cpp. One context with n_seq_max = slots
-(each sequence gets n_ctx / slots cells, as in llama-server). Every step:
+The only module that imports llama_cpp, with its sampling helper (llamacpp_sampling.py).
+One context with n_seq_max = slots (each sequence gets n_ctx / slots cells, as in
+llama-server). Every step:
 1. take new jobs and cancels from the inbox (a job joins at the next step) and
    give each the free slot whose cached KV shares the longest prefix with it;
 2. build one batch: the next token of every decoding job, then prompt chunks of
@@ -17,18 +18,15 @@ The only module that imports llama_cpp. One context with n_seq_max = slots
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import queue
-import random
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import llama_cpp as ll
-from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from shared.chat import render_chat
 from shared.settings import ModelConfig
@@ -42,6 +40,7 @@ from workers.engines.base import (
     TokenDelta,
 )
 from workers.engines.detok import Released, TextStream
+from workers.engines.llamacpp_sampling import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +135,7 @@ class _Seq:
     seq_id: int
     tokens: list[int]  # prompt (+ resumed tokens) still to prefill, then fed back one by one
     n_prompt: int
-    sampler: Any
+    sampler: Sampler
     text: TextStream
     n_past: int = 0
     generated: int = 0
@@ -267,8 +266,8 @@ class LlamaCppEngine:
             req = self._waiting.pop(0)
             try:
                 prompt = self.vocab.tokenize(self.vocab.render(req.prompt, req.messages))
-                sampler = self._sampler(req)
-                self._replay(sampler, req.resume_token_ids)
+                sampler = Sampler(self.vocab.vocab, self.vocab.n_vocab, req.params)
+                sampler.replay(req.resume_token_ids)
             except Exception as exc:
                 log.exception("job %s: could not be admitted", req.job_id)
                 out.finished.append(Finished(req.job_id, req.attempt, "error", 0, 0,
@@ -276,7 +275,7 @@ class LlamaCppEngine:
                 continue
             tokens = prompt + req.resume_token_ids
             if len(tokens) + 1 > self.n_ctx_seq:
-                ll.llama_sampler_free(sampler)
+                sampler.free()
                 resumed = len(req.resume_token_ids)
                 out.finished.append(  # a takeover at the context's end just ends the job
                     Finished(req.job_id, req.attempt, "length", len(prompt), resumed)
@@ -320,41 +319,6 @@ class LlamaCppEngine:
         self._cached.pop(best, None)
         return best, keep
 
-    def _sampler(self, req: EngineRequest) -> Any:
-        p = req.params
-        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-        if p.json_schema is not None:
-            # Structured output: only tokens the schema's grammar allows survive; EOG becomes
-            # possible once the JSON value is complete.
-            gbnf = json_schema_to_gbnf(json.dumps(p.json_schema))
-            grammar = ll.llama_sampler_init_grammar(self.vocab.vocab, gbnf.encode(), b"root")
-            if not grammar:
-                ll.llama_sampler_free(chain)
-                raise ValueError("llama.cpp could not compile the grammar for this JSON schema")
-            ll.llama_sampler_chain_add(chain, grammar)
-        if p.repetition_penalty != 1.0:
-            ll.llama_sampler_chain_add(
-                chain, ll.llama_sampler_init_penalties(self.vocab.n_vocab, 64,
-                                                  p.repetition_penalty, 0.0, 0.0))
-        if p.temperature <= 0.0:
-            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
-            return chain
-        if p.top_k > 0:
-            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(p.top_k))
-        if p.top_p < 1.0:
-            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(p.top_p, 1))
-        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(p.temperature))
-        seed = p.seed if p.seed is not None else random.getrandbits(32)
-        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-        return chain
-
-    @staticmethod
-    def _replay(sampler: Any, tokens: list[int]) -> None:
-        """A resumed job's sampler state (grammar position, penalty window) must match what
-        the first attempt had after the tokens it already streamed."""
-        for tok in tokens:
-            ll.llama_sampler_accept(sampler, tok)
-
     def _step(self, out: StepOutput) -> None:
         batch, n = self.batch, 0
         rows: list[tuple[_Seq, int]] = []
@@ -390,7 +354,7 @@ class LlamaCppEngine:
                 self._finish(seq, "error", out, "engine_error", f"llama_decode returned {rc}")
             return
         for seq, row in rows:
-            tok = ll.llama_sampler_sample(seq.sampler, self.ctx, row)
+            tok = seq.sampler.sample(self.ctx, row)
             if self.vocab.is_eog(tok):
                 self._finish(seq, "stop", out)
                 continue
@@ -421,6 +385,6 @@ class LlamaCppEngine:
             ll.llama_memory_seq_rm(self.mem, seq.seq_id, -1, -1)
         else:  # keep the cells for prefix reuse; positions [0, n_past) are valid
             self._cached[seq.seq_id] = seq.history[:seq.n_past]
-        ll.llama_sampler_free(seq.sampler)
+        seq.sampler.free()
         del self._active[seq.seq_id]
         self._free_ids.append(seq.seq_id)
