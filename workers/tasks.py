@@ -54,6 +54,7 @@ class WorkerRuntime:
         self._finish = self.r.register_script(FINISH)
         self._requeue = self.r.register_script(REQUEUE)
         self._handback = self.r.register_script(HANDBACK)
+        self._next_rescue = 0.0
         self.metrics = WorkerMetrics()
         self.metrics_port: int | None = None
         self.celery = create_celery(self.settings)
@@ -215,10 +216,14 @@ class WorkerRuntime:
         for job_key in running:
             pipe.exists(keys.job_lease(keys.job_id_of(job_key)))
         stale = [k for k, alive in zip(running, pipe.execute(), strict=True) if not alive]
-        # Only the oldest queued jobs: a popped message is always at the consuming end.
-        oldest: list[str] = self.r.zrangebyscore(  # type: ignore[assignment]
-            keys.QUEUED, 0, time.time() - self.settings.rescue_after_s, start=0, num=100)
-        stale += oldest
+        # Lost messages are rare: look for them every rescue_after_s / 2, not every pass,
+        # and only at the oldest queued jobs (a popped message is at the consuming end).
+        now = time.time()
+        if now >= self._next_rescue:
+            self._next_rescue = now + self.settings.rescue_after_s / 2
+            oldest: list[str] = self.r.zrangebyscore(  # type: ignore[assignment]
+                keys.QUEUED, 0, now - self.settings.rescue_after_s, start=0, num=100)
+            stale += oldest
         requeued = 0
         for job_key in stale:
             job_id = keys.job_id_of(job_key)
