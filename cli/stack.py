@@ -40,6 +40,7 @@ class Stack:
     models: list[str] = field(default_factory=list)
     quiet: bool = False  # send children's logs to files under state_dir/logs
     drain_timeout_s: float = 60.0
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for every child
     redis: EmbeddedRedis | None = None
     api: subprocess.Popen[bytes] | None = None
     worker_procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
@@ -58,8 +59,9 @@ class Stack:
         env["TOKENQ_REDIS_URL"] = self.redis_url
         env["TOKENQ_STATE_DIR"] = str(self.settings.state_dir)
         env["TOKENQ_SERVED_MODELS"] = json.dumps(self.models)
-        if self.settings.models_file:  # the children serve this stack's registry
+        if self.settings.models_file:
             env["TOKENQ_MODELS_FILE"] = str(self.settings.models_file)
+        env.update(self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
@@ -115,6 +117,17 @@ class Stack:
         self.worker_procs.append((model, proc))
         return proc
 
+    def restart_dead_workers(self) -> int:
+        """Replace every worker that exited (what `tokenq up` does once a second)."""
+        restarted = 0
+        for model, proc in list(self.worker_procs):
+            if proc.poll() is not None:
+                log.warning("worker for %s exited (%s); restarting", model, proc.returncode)
+                self.worker_procs.remove((model, proc))
+                self.add_worker(model)
+                restarted += 1
+        return restarted
+
     def wait_ready(self, timeout: float = 180.0, models: list[str] | None = None) -> None:
         """Until /ready is 200 (or, with `models`, until those models have a live worker).
         With an autoscaler, workers come with jobs: until the API answers /health."""
@@ -168,12 +181,7 @@ class Stack:
                     break
                 if self.autoscaler is not None:
                     self.autoscaler.step()
-                for model, proc in list(self.worker_procs):
-                    if proc.poll() is not None:
-                        log.warning("worker for %s exited (%s); restarting", model,
-                                    proc.returncode)
-                        self.worker_procs.remove((model, proc))
-                        self.add_worker(model)
+                self.restart_dead_workers()
         except (TimeoutError, RuntimeError) as exc:
             log.error("%s", exc)
             code = 1

@@ -1,0 +1,50 @@
+"""API keys parsing and the Redis password rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from api.auth import bearer, hash_key, load_keys_file, parse_keys
+from shared.settings import Settings
+
+
+def test_env_keys_map_hashes_to_tenants_and_roles() -> None:
+    keys = parse_keys("k1:acme, k2:ops:admin,k3")
+    assert keys[hash_key("k1")].tenant == "acme" and not keys[hash_key("k1")].admin
+    assert keys[hash_key("k2")].admin
+    assert keys[hash_key("k3")].tenant == "default"
+    assert "k1" not in keys  # only hashes are kept
+
+
+def test_keys_file_rejects_plain_keys(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text("plain-secret acme\n")
+    with pytest.raises(ValueError, match="sha256"):
+        load_keys_file(path)
+
+
+def test_bearer_header_parsing() -> None:
+    assert bearer([(b"authorization", b"Bearer abc ")]) == "abc"
+    assert bearer([(b"authorization", b"Basic abc")]) is None
+    assert bearer([(b"authorization", b"Bearer")]) is None
+    assert bearer([]) is None
+
+
+@pytest.mark.parametrize(("url", "env", "ok"), [
+    ("redis://127.0.0.1:6379/0", "dev", True),  # embedded / local dev
+    ("redis://localhost:6379/0", "dev", True),
+    ("redis://redis:6379/0", "dev", False),  # another host without a password
+    ("redis://:pw@redis:6379/0", "dev", True),
+    ("redis://user:pw@10.0.0.5:6379/0", "production", True),
+    ("redis://127.0.0.1:6379/0", "production", False),  # production: always a password
+    ("unix:///run/redis.sock", "production", True),
+])
+def test_redis_outside_loopback_needs_a_password(url: str, env: str, ok: bool) -> None:
+    if ok:
+        Settings(redis_url=url, env=env)
+    else:
+        with pytest.raises(ValidationError, match="password"):
+            Settings(redis_url=url, env=env)
