@@ -1,14 +1,18 @@
-"""`tokenq`: up, api, worker, demo."""
+"""`tokenq`: up, api, worker, autoscale, demo, bench."""
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from shared.settings import Settings
+
+if TYPE_CHECKING:
+    from cli.autoscale import Autoscaler
+    from cli.stack import Stack
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="tokenq: queue-backed LLM serving (Redis + Celery + llama.cpp/vLLM).")
@@ -28,14 +32,65 @@ def up(
     port: Annotated[int, typer.Option(help="API port")] = 8000,
     workers: Annotated[int, typer.Option(help="CPU worker processes per model")] = 1,
     model: Annotated[list[str] | None, typer.Option(help="model to serve (repeatable)")] = None,
+    autoscale: Annotated[bool, typer.Option(
+        "--autoscale", help="workers follow the queue instead of --workers")] = False,
+    min_workers: Annotated[int | None, typer.Option("--min", help="autoscale: fewest workers "
+                                                    "per model (TOKENQ_AUTOSCALE_MIN)")] = None,
+    max_workers: Annotated[int | None, typer.Option("--max", help="autoscale: most workers "
+                                                    "per model (TOKENQ_AUTOSCALE_MAX)")] = None,
 ) -> None:
-    """Run the embedded stack in the foreground: Redis, the API, N workers."""
+    """Run the embedded stack in the foreground: Redis, the API, N workers (or autoscaled)."""
     from cli.stack import Stack
 
     _logging()
-    stack = Stack(_settings(), host=host, port=port, workers=workers, models=model or [])
-    stack.start()
+    settings = _settings()
+    stack = Stack(settings, host=host, port=port, workers=workers, models=model or [])
+    if not autoscale:
+        stack.start()
+        raise typer.Exit(stack.run_foreground())
+    stack.start_parts(worker_models=[])
+    stack.autoscaler = _autoscaler(stack, min_workers, max_workers)
     raise typer.Exit(stack.run_foreground())
+
+
+def _autoscaler(stack: Stack, min_workers: int | None, max_workers: int | None) -> Autoscaler:
+    import redis
+
+    from cli.autoscale import Autoscaler, policy_from
+
+    policy = policy_from(stack.settings, min_workers, max_workers)
+    logging.getLogger("tokenq.autoscale").info(
+        "autoscaling %s: %s", ", ".join(stack.models), policy)
+    return Autoscaler(redis.Redis.from_url(stack.redis_url, decode_responses=True),
+                      stack.settings, stack.models, policy, spawn=stack.spawn_worker)
+
+
+@app.command()
+def autoscale(
+    model: Annotated[list[str] | None, typer.Option(
+        help="model to scale (repeatable; default: TOKENQ_SERVED_MODELS or the default)")]
+    = None,
+    min_workers: Annotated[int | None, typer.Option("--min")] = None,
+    max_workers: Annotated[int | None, typer.Option("--max")] = None,
+) -> None:
+    """Start and drain worker processes so each model's workers follow its queue; needs
+    TOKENQ_REDIS_URL. Windows and cooldown: TOKENQ_AUTOSCALE_* (see docs/operations.md)."""
+    import signal
+    import threading
+
+    from cli.stack import Stack
+
+    _logging()
+    settings = _settings()
+    stack = Stack(settings, models=model or settings.served_models).attach()
+    scaler = _autoscaler(stack, min_workers, max_workers)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        scaler.run(stop, settings.autoscale_interval_s)
+    finally:
+        scaler.close(stack.drain_timeout_s)
 
 
 @app.command()

@@ -18,12 +18,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import httpx
 
 from shared.redis_server import EmbeddedRedis, die_with_parent
 from shared.settings import Settings
+
+if TYPE_CHECKING:
+    from cli.autoscale import Autoscaler
 
 log = logging.getLogger("tokenq.stack")
 
@@ -40,7 +43,11 @@ class Stack:
     redis: EmbeddedRedis | None = None
     api: subprocess.Popen[bytes] | None = None
     worker_procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    # With an autoscaler, it owns the workers: starts, drains, and replaces them.
+    autoscaler: Autoscaler | None = None
+    redis_url: str = ""
     _logs: list[IO[bytes]] = field(default_factory=list)
+    _spawned: dict[str, int] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -91,16 +98,28 @@ class Stack:
                 self.add_worker(model)
         return self
 
-    def add_worker(self, model: str) -> subprocess.Popen[bytes]:
-        n = sum(1 for m, _ in self.worker_procs if m == model)
-        proc = self._spawn(f"worker-{model}-{n}",
+    def attach(self) -> Stack:
+        """Use the external Redis of TOKENQ_REDIS_URL and start nothing (for the autoscaler)."""
+        self.redis_url = self.settings.require_redis_url()
+        self.models = self.models or [self.settings.default_model]
+        return self
+
+    def spawn_worker(self, model: str) -> subprocess.Popen[bytes]:
+        """Start one worker process for `model` (not supervised: see add_worker)."""
+        n = self._spawned[model] = self._spawned.get(model, -1) + 1
+        return self._spawn(f"worker-{model}-{n}",
                            [sys.executable, "-m", "cli.main", "worker", "--model", model])
+
+    def add_worker(self, model: str) -> subprocess.Popen[bytes]:
+        proc = self.spawn_worker(model)
         self.worker_procs.append((model, proc))
         return proc
 
     def wait_ready(self, timeout: float = 180.0, models: list[str] | None = None) -> None:
-        """Until /ready is 200 (or, with `models`, until those models have a live worker)."""
+        """Until /ready is 200 (or, with `models`, until those models have a live worker).
+        With an autoscaler, workers come with jobs: until the API answers /health."""
         deadline = time.monotonic() + timeout
+        path = "/health" if self.autoscaler is not None else "/ready"
         last = ""
         while time.monotonic() < deadline:
             if self.api is not None and self.api.poll() is not None:
@@ -109,7 +128,7 @@ class Stack:
                 if proc.poll() is not None:
                     raise RuntimeError(f"a worker for {model} exited with code {proc.returncode}")
             try:
-                r = httpx.get(f"{self.url}/ready", timeout=2)
+                r = httpx.get(f"{self.url}{path}", timeout=2)
                 if r.status_code == 200:
                     return
                 if models and r.status_code == 503 and "workers" in r.json():
@@ -124,6 +143,8 @@ class Stack:
     def stop(self) -> None:
         if self.api is not None:  # drains: open streams get api_drain_s to finish
             _terminate([self.api], self.settings.api_drain_s + 10)
+        if self.autoscaler is not None:
+            self.autoscaler.close(self.drain_timeout_s)
         _terminate([p for _, p in self.worker_procs], self.drain_timeout_s)
         if self.redis is not None:
             self.redis.stop()
@@ -136,14 +157,17 @@ class Stack:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         code = 0
+        tick_s = self.settings.autoscale_interval_s if self.autoscaler else 1.0
         try:
             self.wait_ready()
             log.info("tokenq is up: %s (models: %s)", self.url, ", ".join(self.models))
-            while not stop.wait(1.0):
+            while not stop.wait(tick_s):
                 if self.api is not None and self.api.poll() is not None:
                     log.error("the API exited (%s); stopping", self.api.returncode)
                     code = 1
                     break
+                if self.autoscaler is not None:
+                    self.autoscaler.step()
                 for model, proc in list(self.worker_procs):
                     if proc.poll() is not None:
                         log.warning("worker for %s exited (%s); restarting", model,

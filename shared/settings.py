@@ -148,6 +148,9 @@ class Settings(BaseSettings):
     # Each worker serves its engine metrics here (0: a free port; advertised in heartbeats).
     worker_metrics_addr: str = "127.0.0.1"
     worker_metrics_port: int | None = 0
+    # The host advertised for it (Prometheus service discovery through the API's
+    # /metrics/targets); default: the bound address, or this host's IP if bound to all.
+    worker_metrics_host: str | None = None
     # SIGTERM: stop taking jobs, let running ones finish this long, then hand them back.
     drain_grace_s: float = 30.0
     worker_ttl_s: float = 10.0
@@ -175,6 +178,15 @@ class Settings(BaseSettings):
     # worker
     worker_model: str | None = None
     worker_threads: int | None = None
+
+    # autoscaler (`tokenq autoscale`, `tokenq up --autoscale`; see cli/scaling.py)
+    autoscale_min: int = 0
+    autoscale_max: int = 4
+    autoscale_interval_s: float = 2.0
+    autoscale_up_window_s: float = 0.0
+    autoscale_down_window_s: float = 30.0
+    autoscale_cooldown_s: float = 30.0
+    autoscale_target_per_worker: int | None = None  # None: the engine's slots
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:

@@ -21,6 +21,7 @@ NO_WORKER_MODEL = "smollm2-noworker"  # never gets a worker in the session
 SMOL = "smollm2-135m-instruct"
 GEMMA = "gemma3-270m"
 WEBHOOK_SECRET = "whsec_tokenq_tests"
+MAX_BATCH_LINES = 300
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +66,8 @@ def stack(stack_settings: Settings) -> Iterator[Stack]:
     os.environ["TOKENQ_MAX_BODY_BYTES"] = str(stack_settings.max_body_bytes)
     # Short leases so a killed worker's job is taken over within seconds in tests.
     os.environ.update(TOKENQ_LEASE_TTL_S="4", TOKENQ_HEARTBEAT_S="1", TOKENQ_RECONCILE_S="1",
-                      TOKENQ_DRAIN_GRACE_S="1", TOKENQ_WEBHOOK_SECRET=WEBHOOK_SECRET)
+                      TOKENQ_DRAIN_GRACE_S="1", TOKENQ_WEBHOOK_SECRET=WEBHOOK_SECRET,
+                      TOKENQ_MAX_BATCH_LINES=str(MAX_BATCH_LINES))
     st = Stack(stack_settings, port=free_port(), workers=1,
                models=[SMOL, GEMMA, IDLE_MODEL, NO_WORKER_MODEL], quiet=True)
     # Start workers only for the two real models; IDLE_MODEL keeps its jobs queued.

@@ -59,6 +59,7 @@ class WorkerRuntime:
         self._handback = self.r.register_script(HANDBACK)
         self.metrics = WorkerMetrics()
         self.metrics_port: int | None = None
+        self.metrics_host = ""
         self.celery = create_celery(self.settings)
         self.webhooks = WebhookSender(self.r, self.settings)
         self._heart = threading.Thread(target=self._heartbeat, name="tokenq-heartbeat",
@@ -70,6 +71,7 @@ class WorkerRuntime:
                                           addr=self.settings.worker_metrics_addr,
                                           registry=self.metrics.registry)
             self.metrics_port = int(server.server_port)
+            self.metrics_host = self._metrics_host()
         self.publisher.start()
         self.engine.start(self.publisher.sink)
         self._beat()
@@ -94,10 +96,26 @@ class WorkerRuntime:
         info = {"model": self.model, "backend": self.engine.backend, "slots": st.slots,
                 "running": st.running, "waiting": st.waiting,
                 "kv_cache_usage": st.kv_cache_usage, "prefix_hit_ratio": st.prefix_hit_ratio,
-                "metrics_port": self.metrics_port, "ts": time.time(), "pid": os.getpid()}
+                "metrics_port": self.metrics_port, "metrics_host": self.metrics_host,
+                "ts": time.time(), "pid": os.getpid()}
         self.r.hset(keys.WORKERS, self.worker_id, dumps(info))
         self.metrics.kv_cache.labels(self.model).set(st.kv_cache_usage)
         self.metrics.prefix_hit.labels(self.model).set(st.prefix_hit_ratio)
+
+    def _metrics_host(self) -> str:
+        """Where Prometheus reaches this worker's metrics port (the API's /metrics/targets)."""
+        s = self.settings
+        if s.worker_metrics_host:
+            return s.worker_metrics_host
+        bound = s.worker_metrics_addr
+        if bound not in ("", "0.0.0.0", "::"):
+            return bound
+        # Bound to all: this host's address as its own /etc/hosts has it (a container's or
+        # pod's IP), which resolves from anywhere on its network, unlike a container id.
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return socket.gethostname()
 
     def _heartbeat(self) -> None:
         ttl_ms = int(self.settings.lease_ttl_s * 1000)

@@ -31,6 +31,21 @@ from shared.jobs import RENEW, SETTLE, dumps
 
 log = logging.getLogger(__name__)
 LEASE_MS = 30_000
+
+# KEYS: batch, pending set. Nothing is left for a driver once every line is enqueued and a
+# cancel (if any) has swept the queued ones: the job scripts settle the batch when its last
+# running line ends. Atomic, so a cancel that lands meanwhile keeps the batch pending.
+RELEASE = """
+local b = redis.call('HMGET', KEYS[1], 'status', 'enqueue_done', 'swept')
+local terminal = b[1] == 'completed' or b[1] == 'failed' or b[1] == 'expired'
+                 or b[1] == 'cancelled'
+if not terminal then
+  if b[2] ~= '1' then return 0 end
+  if b[1] == 'cancelling' and b[3] ~= '1' then return 0 end
+end
+redis.call('SREM', KEYS[2], ARGV[1])
+return 1
+"""
 MAX_REPORTED_ERRORS = 100
 
 
@@ -52,6 +67,7 @@ class BatchDriver:
         self.wake = asyncio.Event()
         self._renew = self.r.register_script(RENEW)
         self._settle = self.r.register_script(SETTLE)
+        self._release = self.r.register_script(RELEASE)
         self._stopping = False
 
     async def run(self) -> None:
@@ -96,10 +112,9 @@ class BatchDriver:
         if await self.r.hget(keys.batch(batch_id), "status") == "cancelling":
             await self.sweep_cancel(batch_id)
         status = await self._settle(keys=[keys.batch(batch_id)], args=[repr(time.time())])
-        if status in ("failed", "completed", "expired", "cancelled") or (
-                status == "in_progress"
-                and await self.r.hget(keys.batch(batch_id), "enqueue_done") == "1"):
-            await self.r.srem(keys.BATCHES_PENDING, batch_id)
+        if status not in ("validating",):
+            await self._release(keys=[keys.batch(batch_id), keys.BATCHES_PENDING],
+                                args=[batch_id])
 
     async def _check_line(self, h: dict[str, str], raw: bytes) -> tuple[str, service.Prepared]:
         try:
@@ -220,3 +235,4 @@ class BatchDriver:
                          args=[repr(time.time()), s.stream_maxlen, s.file_ttl_s])
             if n % s.batch_chunk == 0:
                 await self._keep_lease(batch_id)
+        await self.r.hset(keys.batch(batch_id), "swept", "1")

@@ -35,16 +35,20 @@ async def live_workers(state: StateDep) -> dict[str, list[str]]:
 
 
 @router.get("/ready")
-async def ready(state: StateDep) -> JSONResponse:
+async def ready(state: StateDep, workers: bool = True) -> JSONResponse:
+    """`?workers=false`: Redis only. For a load balancer's readiness probe when workers
+    scale to zero: the API must stay routable to take the jobs that bring workers back."""
     try:
         await state.redis.ping()
-        workers = await live_workers(state)
+        live = await live_workers(state) if workers else {}
     except RedisError as exc:
         return JSONResponse({"status": "unavailable", "redis": str(exc)}, status_code=503)
-    missing = [m for m in state.models if not workers.get(m)]
+    if not workers:
+        return JSONResponse({"status": "ready"})
+    missing = [m for m in state.models if not live.get(m)]
     # Ready once every served model has a live worker.
     body = {"status": "ready" if not missing else "not_ready",
-            "workers": {m: len(workers.get(m, [])) for m in state.models},
+            "workers": {m: len(live.get(m, [])) for m in state.models},
             "missing": missing}
     return JSONResponse(body, status_code=200 if not missing else 503)
 
@@ -60,6 +64,27 @@ async def _oldest_age(state: StateDep, queue: str, now: float) -> float:
         return 0.0
     created = await state.redis.hget(keys.job(job_id), "created_at")
     return max(0.0, now - float(created)) if created else 0.0
+
+
+@router.get("/metrics/targets")
+async def metrics_targets(state: StateDep) -> JSONResponse:
+    """Prometheus HTTP service discovery: every live worker's metrics endpoint, so one
+    scrape job finds workers however they were started (compose replicas, the autoscaler's
+    children, `tokenq up`). Target labels are __meta_ only: the worker's own series already
+    carry `model`, and a target label of the same name would rename theirs."""
+    raw: dict[str, str] = await state.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
+    cutoff = time.time() - state.settings.worker_ttl_s
+    groups = []
+    for wid, info in sorted(raw.items()):
+        hb = json.loads(info)
+        if hb.get("ts", 0) < cutoff or not hb.get("metrics_port"):
+            continue
+        host = hb.get("metrics_host") or wid.rsplit(":", 1)[0]
+        groups.append({"targets": [f"{host}:{hb['metrics_port']}"],
+                       "labels": {"__meta_tokenq_worker": wid,
+                                  "__meta_tokenq_model": hb["model"],
+                                  "__meta_tokenq_backend": hb["backend"]}})
+    return JSONResponse(groups)
 
 
 @router.get("/metrics")

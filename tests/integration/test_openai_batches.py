@@ -13,7 +13,7 @@ import redis
 
 from cli.stack import Stack
 from shared import keys
-from tests.conftest import IDLE_MODEL, SMOL
+from tests.conftest import IDLE_MODEL, MAX_BATCH_LINES, SMOL
 
 QUESTIONS = ["Name a colour.", "Name a fruit.", "Name an animal.", "Name a city.",
              "Name a planet.", "Name a tree."]
@@ -36,7 +36,7 @@ def jsonl(lines: list[Any]) -> bytes:
     return "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines).encode()
 
 
-def wait_status(oai: openai.OpenAI, batch_id: str, want: set[str], timeout: float = 180
+def wait_status(oai: openai.OpenAI, batch_id: str, want: set[str], timeout: float = 600
                 ) -> Any:
     deadline = time.time() + timeout
     while (b := oai.batches.retrieve(batch_id)).status not in want:
@@ -149,7 +149,7 @@ def test_cancel_mid_run_keeps_finished_results(oai: openai.OpenAI) -> None:
     f = oai.files.create(file=("m.jsonl", jsonl(lines)), purpose="batch")
     b = oai.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
                            completion_window="24h")
-    deadline = time.time() + 180
+    deadline = time.time() + 600
     while True:
         cur = oai.batches.retrieve(b.id)
         if cur.request_counts and cur.request_counts.completed >= 1:
@@ -170,3 +170,17 @@ def test_cancel_mid_run_keeps_finished_results(oai: openai.OpenAI) -> None:
     assert sorted(x["custom_id"] for x in out + errs) == sorted(x["custom_id"] for x in lines)
     assert all(x["response"]["status_code"] == 200 for x in out)
     assert {e["error"]["code"] for e in errs} == {"batch_cancelled"}
+
+
+def test_batch_over_the_line_limit_fails_validation(oai: openai.OpenAI,
+                                                    stack_redis: redis.Redis) -> None:
+    lines = [chat_line(f"l{i}", "hi", model=IDLE_MODEL) for i in range(MAX_BATCH_LINES + 1)]
+    depth = stack_redis.llen(keys.queue(IDLE_MODEL, "low"))
+    f = oai.files.create(file=("big.jsonl", jsonl(lines)), purpose="batch")
+    b = oai.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                           completion_window="24h")
+    failed = wait_status(oai, b.id, {"failed"}, timeout=120)
+    assert failed.errors is not None and failed.errors.data is not None
+    assert [e.code for e in failed.errors.data] == ["too_many_lines"]
+    assert failed.errors.data[0].line == MAX_BATCH_LINES + 1
+    assert stack_redis.llen(keys.queue(IDLE_MODEL, "low")) == depth

@@ -160,3 +160,15 @@ def test_disconnect_cancels_the_job(stack: Stack, stack_redis: redis.Redis) -> N
     while stack_redis.hget(keys.job(job_id), "state") != "cancelled":
         assert time.time() < deadline, stack_redis.hgetall(keys.job(job_id))
         time.sleep(0.1)
+
+
+def test_non_streaming_disconnect_cancels_the_job(stack: Stack, stack_redis: redis.Redis
+                                                  ) -> None:
+    before = set(stack_redis.zrange(keys.tenant_jobs("default"), 0, -1))
+    with httpx.Client(base_url=stack.url, timeout=1.5) as c, pytest.raises(httpx.ReadTimeout):
+        c.post("/v1/chat/completions", json={"model": IDLE_MODEL, "messages": CHAT})
+    (job_id,) = set(stack_redis.zrange(keys.tenant_jobs("default"), 0, -1)) - before
+    deadline = time.time() + 10
+    while stack_redis.hget(keys.job(job_id), "state") != "cancelled":
+        assert time.time() < deadline, stack_redis.hgetall(keys.job(job_id))
+        time.sleep(0.1)

@@ -1,24 +1,140 @@
-"""compose/: no Docker engine runs here, so the compose file is checked by parsing it."""
+"""compose/: no Docker engine runs here, so the files are checked by parsing them and by
+following every cross-reference: services, ports, routes, CLI options, settings, metrics."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
 
+import promql_parser as pq
+import pytest
+import typer
 import yaml
 
+from api.app import create_app
+from cli.main import app as cli_app
+from shared.settings import ModelConfig, Settings
+from tests.unit.promql import check
+
 ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose"
 
 
-def test_compose_file_wires_redis_api_worker() -> None:
-    doc = yaml.safe_load((ROOT / "compose" / "compose.yml").read_text())
-    services = doc["services"]
-    assert {"redis", "api", "cpu-worker"} <= set(services)
+def load(rel: str) -> Any:
+    return yaml.safe_load((COMPOSE / rel).read_text())
+
+
+@pytest.fixture(scope="module")
+def services() -> dict[str, Any]:
+    doc: dict[str, Any] = load("compose.yml")
+    return doc["services"]
+
+
+def seconds(duration: str) -> float:
+    m = re.fullmatch(r"(\d+)(s|m)", duration)
+    assert m, duration
+    return int(m[1]) * (60 if m[2] == "m" else 1)
+
+
+def test_compose_wires_every_part(services: dict[str, Any]) -> None:
+    assert {"redis", "api", "cpu-worker", "gpu-worker", "autoscaler", "prometheus",
+            "grafana"} <= set(services)
     assert "--requirepass" in services["redis"]["command"]
     assert "--appendonly" in services["redis"]["command"]
-    for name in ("api", "cpu-worker"):
+    for name in ("api", "cpu-worker", "gpu-worker", "autoscaler"):
         env = services[name]["environment"]
         assert env["TOKENQ_ENV"] == "production" and "@redis:6379" in env["TOKENQ_REDIS_URL"]
-    assert services["cpu-worker"]["command"][:2] == ["tokenq", "worker"]
-    run_lines = [ln for ln in (ROOT / "compose" / "Dockerfile").read_text().splitlines()
+        # every TOKENQ_ variable is a real setting (a typo would be silently ignored)
+        fields = {f"TOKENQ_{f.upper()}" for f in Settings.model_fields}
+        assert {k for k in env if k.startswith("TOKENQ_")} <= fields
+    run_lines = [ln for ln in (COMPOSE / "Dockerfile").read_text().splitlines()
                  if ln.startswith("RUN")]
     assert any("scripts/setup.sh" in ln for ln in run_lines)  # builds as the README installs
+
+
+def test_tokenq_commands_parse_with_the_real_cli(services: dict[str, Any]) -> None:
+    group = typer.main.get_command(cli_app)
+    for name in ("api", "cpu-worker", "gpu-worker", "autoscaler"):
+        cmd = services[name]["command"]
+        assert cmd[0] == "tokenq", name
+        sub = group.get_command(None, cmd[1])  # type: ignore[attr-defined]
+        assert sub is not None, f"{name}: no `tokenq {cmd[1]}`"
+        sub.make_context(cmd[1], list(cmd[2:]))  # raises on an unknown option
+
+
+def test_gpu_worker_reserves_an_nvidia_gpu_and_serves_a_vllm_model(
+        services: dict[str, Any]) -> None:
+    gpu = services["gpu-worker"]
+    [device] = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    assert gpu["build"]["args"]["EXTRAS"] == "gpu"
+    model = gpu["command"][gpu["command"].index("--model") + 1]
+    registry = json.loads((COMPOSE / "models.json").read_text())
+    assert ModelConfig.model_validate(registry[model]).backend == "vllm"
+    assert Path(gpu["environment"]["TOKENQ_MODELS_FILE"]).name == "models.json"
+
+
+def test_drain_fits_in_stop_grace_periods(services: dict[str, Any]) -> None:
+    s = Settings(redis_url="redis://:pw@redis:6379/0")
+    assert seconds(services["api"]["stop_grace_period"]) > s.api_drain_s
+    for name in ("cpu-worker", "gpu-worker", "autoscaler"):
+        assert seconds(services[name]["stop_grace_period"]) > s.drain_grace_s, name
+
+
+def test_prometheus_reaches_the_api_and_every_worker(services: dict[str, Any]) -> None:
+    prom = load("prometheus/prometheus.yml")
+    routes = set(create_app(Settings()).openapi()["paths"])
+    api_port = services["api"]["command"][services["api"]["command"].index("--port") + 1]
+    jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
+    targets = [t for j in jobs.values() for sc in j.get("static_configs", [])
+               for t in sc["targets"]]
+    targets += [urlparse(sd["url"]).netloc for j in jobs.values()
+                for sd in j.get("http_sd_configs", [])]
+    for target in targets:
+        host, port = target.split(":")
+        assert host in services, f"scrape target {target}: no such service"
+        assert host != "api" or port == api_port
+    assert jobs["tokenq-api"]["metrics_path"] in routes
+    [sd] = jobs["tokenq-workers"]["http_sd_configs"]
+    assert urlparse(sd["url"]).path in routes  # the API's worker discovery route
+    mounts = {v.split(":")[1] for v in services["prometheus"]["volumes"]}
+    assert set(prom["rule_files"]) <= mounts
+
+
+def test_alert_rules_parse_and_read_real_metrics() -> None:
+    rules = {r["alert"]: r for g in load("prometheus/alerts.yml")["groups"]
+             for r in g["rules"]}
+    read = {name: check(r["expr"]) for name, r in rules.items()}
+    assert "tokenq_kv_cache_usage_ratio" in read["TokenqKVCacheNearlyFull"]
+    assert "> 0.95" in rules["TokenqKVCacheNearlyFull"]["expr"]
+    assert "histogram_quantile(0.99" in rules["TokenqHighP99Latency"]["expr"]
+    assert "tokenq_queue_depth" in read["TokenqQueueBacklog"]
+    no_worker = pq.parse(rules["TokenqNoWorker"]["expr"])
+    assert str(no_worker.op).lower().endswith("unless")  # waiting, unless a worker is live
+    assert read["TokenqNoWorker"] == {"tokenq_num_requests_waiting", "tokenq_workers"}
+    for r in rules.values():
+        assert re.fullmatch(r"\d+[smh]", r["for"]) and r["labels"]["severity"]
+
+
+def test_grafana_dashboard_is_provisioned_and_queries_real_metrics(
+        services: dict[str, Any]) -> None:
+    [ds] = load("grafana/provisioning/datasources/prometheus.yml")["datasources"]
+    assert urlparse(ds["url"]).hostname in services
+    [provider] = load("grafana/provisioning/dashboards/tokenq.yml")["providers"]
+    mounts = dict(v.split(":")[:2] for v in services["grafana"]["volumes"])
+    assert mounts["./grafana/dashboards"] == provider["options"]["path"]
+    dash = json.loads((COMPOSE / "grafana/dashboards/tokenq.json").read_text())
+    read: set[str] = set()
+    for panel in dash["panels"]:
+        assert panel["datasource"]["uid"] == ds["uid"]
+        for target in panel["targets"]:
+            read |= check(target["expr"])
+    assert {"tokenq_queue_depth", "tokenq_time_to_first_token_seconds_bucket",
+            "tokenq_time_per_output_token_seconds_bucket",
+            "tokenq_e2e_request_latency_seconds_bucket", "tokenq_generation_tokens_total",
+            "tokenq_workers", "tokenq_kv_cache_usage_ratio"} <= read
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    assert "histogram_quantile(0.5," in exprs and "histogram_quantile(0.95," in exprs

@@ -1,0 +1,191 @@
+"""`tokenq autoscale`: worker processes per model follow the model's queue.
+
+Each tick, per model: read queue depth (every priority), running jobs and free
+slots from Redis (queues and worker heartbeats), let the model's Decider (see
+cli/scaling.py) pick a worker count, then start workers the way `tokenq up`
+does or drain the idlest ones with SIGTERM (stop taking jobs, finish or hand
+back what runs). A worker that dies is forgotten, and the next tick starts a
+new one if the queue still needs it. Live workers this process did not start
+(a fixed pool) count as capacity (`external`), so min/max bound only our own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from cli.scaling import Decider, Decision, Inputs, Policy
+from shared import keys
+from shared.models import select_backend
+from shared.settings import Settings
+
+log = logging.getLogger("tokenq.autoscale")
+
+Spawn = Callable[[str], "subprocess.Popen[bytes]"]
+
+
+def policy_from(settings: Settings, min_workers: int | None = None,
+                max_workers: int | None = None) -> Policy:
+    return Policy(
+        min_workers=settings.autoscale_min if min_workers is None else min_workers,
+        max_workers=settings.autoscale_max if max_workers is None else max_workers,
+        up_window_s=settings.autoscale_up_window_s,
+        down_window_s=settings.autoscale_down_window_s,
+        cooldown_s=settings.autoscale_cooldown_s,
+        target_per_worker=settings.autoscale_target_per_worker)
+
+
+@dataclass
+class Draining:
+    model: str
+    proc: subprocess.Popen[bytes]
+    since: float  # monotonic time of the SIGTERM
+
+
+@dataclass
+class Autoscaler:
+    r: redis.Redis
+    settings: Settings
+    models: list[str]
+    policy: Policy
+    spawn: Spawn
+    clock: Callable[[], float] = time.monotonic
+    procs: dict[str, list[subprocess.Popen[bytes]]] = field(default_factory=dict)
+    draining: list[Draining] = field(default_factory=list)
+    drain_times: list[float] = field(default_factory=list)  # SIGTERM -> exit, seconds
+    peak: dict[str, int] = field(default_factory=dict)
+    _deciders: dict[str, Decider] = field(default_factory=dict)
+    _last_logged: dict[str, tuple[int, int, str]] = field(default_factory=dict)
+    _config_slots: dict[str, int] = field(default_factory=dict)  # before any heartbeat
+    _host: str = field(default_factory=socket.gethostname)
+
+    def __post_init__(self) -> None:
+        registry = self.settings.models()
+        for m in self.models:
+            if m not in registry:
+                raise SystemExit(f"unknown model {m!r}; known: {', '.join(registry)}")
+            cfg = registry[m]
+            self._config_slots[m] = (cfg.max_num_seqs if select_backend(cfg) == "vllm"
+                                     else cfg.n_parallel)
+            self.procs.setdefault(m, [])
+            self.peak.setdefault(m, 0)
+            self._deciders[m] = Decider(self.policy)
+
+    # -- reading Redis -----------------------------------------------------------------
+
+    def observe(self, model: str) -> Inputs:
+        pipe = self.r.pipeline(transaction=False)
+        for q in keys.model_queues(model):
+            pipe.llen(q)
+        depth = sum(int(n) for n in pipe.execute())
+        raw: dict[str, str] = self.r.hgetall(keys.WORKERS)  # type: ignore[assignment]
+        cutoff = time.time() - self.settings.worker_ttl_s
+        beats = {wid: b for wid, b in ((w, json.loads(v)) for w, v in raw.items())
+                 if b.get("model") == model and b.get("ts", 0) >= cutoff}
+        ours = self._worker_ids(model)
+        return Inputs(
+            depth=depth,
+            running=sum(int(b["running"]) for b in beats.values()),
+            free_slots=sum(int(b["slots"]) - int(b["running"]) for b in beats.values()),
+            slots_per_worker=max((int(b["slots"]) for b in beats.values()),
+                                 default=self._config_slots[model]),
+            current=len(self.procs[model]),
+            external=sum(1 for wid in beats if wid not in ours))
+
+    def _worker_ids(self, model: str) -> set[str]:
+        """Heartbeat ids (host:pid, as workers/tasks.py names itself) of our workers."""
+        procs = self.procs[model] + [d.proc for d in self.draining if d.model == model]
+        return {f"{self._host}:{p.pid}" for p in procs}
+
+    def _running_on(self, proc: subprocess.Popen[bytes]) -> int:
+        try:
+            info = self.r.hget(keys.WORKERS, f"{self._host}:{proc.pid}")
+        except redis.RedisError:  # still drain (closing with Redis down), in any order
+            return 0
+        return int(json.loads(info)["running"]) if info else 0
+
+    # -- one tick ----------------------------------------------------------------------
+    def tick(self) -> dict[str, Decision]:
+        self._reap()
+        out: dict[str, Decision] = {}
+        for model in self.models:
+            inp = self.observe(model)
+            d = self._deciders[model].decide(inp, self.clock())
+            self._log(model, inp, d)
+            if d.target > inp.current:
+                for _ in range(d.target - inp.current):
+                    self.procs[model].append(self.spawn(model))
+            elif d.target < inp.current:
+                self._drain(model, inp.current - d.target)
+            self.peak[model] = max(self.peak[model], len(self.procs[model]))
+            out[model] = d
+        return out
+
+    def _log(self, model: str, inp: Inputs, d: Decision) -> None:
+        """Every decision that differs from the last one logged for the model, with inputs."""
+        key = (d.target, d.raw, d.reason)
+        if self._last_logged.get(model) == key and not d.changes:
+            return
+        self._last_logged[model] = key
+        log.info("autoscale %s: depth=%d running=%d free_slots=%d slots/worker=%d external=%d "
+                 "current=%d recommended=%d -> target=%d (%s)", model, inp.depth, inp.running,
+                 inp.free_slots, inp.slots_per_worker, inp.external, inp.current, d.raw,
+                 d.target, d.reason)
+
+    def _drain(self, model: str, n: int) -> None:
+        """SIGTERM the n idlest workers (fewest running jobs; the newest among equals)."""
+        procs = self.procs[model]
+        order = sorted(range(len(procs)), key=lambda i: (self._running_on(procs[i]), -i))
+        for i in sorted(order[:n], reverse=True):
+            proc = procs.pop(i)
+            proc.send_signal(signal.SIGTERM)
+            self.draining.append(Draining(model, proc, self.clock()))
+            log.info("autoscale %s: draining worker pid %d", model, proc.pid)
+
+    def _reap(self) -> None:
+        for model, procs in self.procs.items():
+            for p in [p for p in procs if p.poll() is not None]:
+                log.warning("autoscale %s: worker pid %d exited (%s); forgotten", model, p.pid,
+                            p.returncode)
+                procs.remove(p)
+        for d in [d for d in self.draining if d.proc.poll() is not None]:
+            took = self.clock() - d.since
+            self.drain_times.append(took)
+            self.draining.remove(d)
+            log.info("autoscale %s: worker pid %d drained in %.1fs", d.model, d.proc.pid, took)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def step(self) -> None:
+        """One tick; a Redis outage (or a worker that cannot be started: OSError) holds the
+        workers as they are and is retried next tick, it does not end the loop."""
+        try:
+            self.tick()
+        except (redis.RedisError, OSError) as exc:
+            log.error("autoscale: tick failed (%s); holding", exc)
+
+    def run(self, stop: threading.Event, interval_s: float) -> None:
+        while not stop.is_set():
+            self.step()
+            stop.wait(interval_s)
+
+    def close(self, timeout_s: float) -> None:
+        """Drain every worker (SIGTERM), wait up to `timeout_s`, then kill what is left."""
+        for model in self.models:
+            self._drain(model, len(self.procs[model]))
+        deadline = time.monotonic() + timeout_s
+        for d in list(self.draining):
+            try:
+                d.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                d.proc.kill()
+                d.proc.wait()
+        self._reap()

@@ -1,0 +1,74 @@
+"""`tokenq up --autoscale --min 0 --max 1` as a user starts it: no worker until a job
+comes, one for the job, none again after the down window, nothing left after SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from cli.sse import stream_events
+from shared.redis_server import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def workers(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    """Live worker processes under `tokenq up` (an exited one not yet reaped is not)."""
+    out = []
+    for c in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if "worker" in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE:
+                out.append(c)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            pass
+    return out
+
+
+def test_up_autoscale_starts_a_worker_for_a_job_and_drains_it(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENQ_")}
+    env.update(TOKENQ_STATE_DIR=str(tmp_path / "state"), TOKENQ_AUTOSCALE_INTERVAL_S="0.5",
+               TOKENQ_AUTOSCALE_DOWN_WINDOW_S="1", TOKENQ_AUTOSCALE_COOLDOWN_S="1",
+               TOKENQ_HEARTBEAT_S="0.5", TOKENQ_DRAIN_GRACE_S="1")
+    tokenq = Path(sys.executable).parent / "tokenq"
+    proc = subprocess.Popen([str(tokenq), "up", "--port", str(port), "--autoscale",
+                             "--min", "0", "--max", "1"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # up without any worker: the API answers /health
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.3)
+        time.sleep(2)
+        assert workers(proc) == []  # min 0, empty queue
+        with httpx.Client(base_url=url, timeout=120) as client:
+            job = client.post("/v1/jobs", json={"model": "smollm2-135m-instruct",
+                                                "prompt": "Hello", "max_tokens": 8}).json()
+            assert [e.event for e in stream_events(client, job["id"])][-1] == "done"
+        assert len(workers(proc)) == 1
+        deadline = time.monotonic() + 30
+        while workers(proc):  # drained back to min 0
+            assert time.monotonic() < deadline, "the worker was not drained"
+            time.sleep(0.3)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, f"left behind: {[c.pid for c in alive]}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()

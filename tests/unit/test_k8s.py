@@ -1,0 +1,189 @@
+"""compose/k8s/: built-in objects against the Kubernetes API's own JSON schemas (the
+kubernetes-validate package ships them; strict: unknown fields fail), the KEDA
+ScaledObject (a CRD, not in those schemas) against a schema of the fields tokenq relies
+on, then the cross-references: probes, drain budgets, selectors, the scaling query."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import typer
+import yaml
+
+from cli.main import app as cli_app
+from shared.settings import ModelConfig, Settings, default_models
+from tests.unit.promql import check
+
+K8S = Path(__file__).resolve().parents[2] / "compose" / "k8s"
+K8S_VERSION = "1.30"  # the oldest Kubernetes these manifests are meant for
+
+SCALED_OBJECT = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "minReplicaCount", "maxReplicaCount", "triggers"],
+            "properties": {
+                "scaleTargetRef": {"type": "object", "required": ["name"],
+                                   "properties": {"name": {"type": "string"}}},
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "triggers": {
+                    # one trigger: HPA takes the max over triggers, and we want the sum
+                    "type": "array", "minItems": 1, "maxItems": 1,
+                    "items": {
+                        "type": "object", "required": ["type", "metadata"],
+                        "properties": {
+                            "type": {"const": "prometheus"},
+                            "metadata": {
+                                "type": "object",
+                                "required": ["serverAddress", "query", "threshold"],
+                                # KEDA reads trigger metadata as strings only
+                                "additionalProperties": {"type": "string"},
+                                "properties": {
+                                    "serverAddress": {"pattern": "^https?://"},
+                                    "threshold": {"pattern": r"^\d+$"},
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def documents() -> list[dict[str, Any]]:
+    kust = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    listed = set(kust["resources"])
+    assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    return [d for f in sorted(listed) for d in yaml.safe_load_all((K8S / f).read_text()) if d]
+
+
+@pytest.fixture(scope="module")
+def docs() -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in documents()}
+
+
+def of_kind(docs: dict[tuple[str, str], dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for (k, _), d in docs.items() if k == kind]
+
+
+def test_every_object_is_valid_against_its_schema(
+        docs: dict[tuple[str, str], dict[str, Any]]) -> None:
+    for (kind, name), doc in docs.items():
+        if kind == "ScaledObject":
+            jsonschema.validate(doc, SCALED_OBJECT)
+        else:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "tokenq", name
+
+
+def config(docs: dict[tuple[str, str], dict[str, Any]]) -> Settings:
+    data = docs[("ConfigMap", "tokenq-config")]["data"]
+    fields = {f"TOKENQ_{f.upper()}" for f in Settings.model_fields}
+    assert set(data) <= fields  # a misspelt variable would be ignored silently
+    env = {k.removeprefix("TOKENQ_").lower(): v for k, v in data.items()}
+    env["served_models"] = json.loads(env["served_models"])
+    return Settings(redis_url="redis://:pw@redis:6379/0", **env)
+
+
+def pod(deploy: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    spec = deploy["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    return spec, container
+
+
+def test_api_probes_prestop_and_grace_cover_the_drain(
+        docs: dict[tuple[str, str], dict[str, Any]]) -> None:
+    s = config(docs)
+    spec, c = pod(docs[("Deployment", "tokenq-api")])
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert c["readinessProbe"]["httpGet"]["path"].startswith("/ready")
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["port"] in ports
+    assert str(ports["http"]) == c["command"][c["command"].index("--port") + 1]
+    pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    assert spec["terminationGracePeriodSeconds"] >= int(pre_stop[1]) + s.api_drain_s
+    svc = docs[("Service", "tokenq-api")]["spec"]
+    labels = docs[("Deployment", "tokenq-api")]["spec"]["template"]["metadata"]["labels"]
+    assert svc["selector"].items() <= labels.items()
+    assert {p["targetPort"] for p in svc["ports"]} <= set(ports)
+
+
+def test_workers_probe_metrics_and_grace_covers_the_drain(
+        docs: dict[tuple[str, str], dict[str, Any]]) -> None:
+    s = config(docs)
+    group = typer.main.get_command(cli_app)
+    for deploy in of_kind(docs, "Deployment"):
+        spec, c = pod(deploy)
+        if c["command"][1] != "worker":
+            continue
+        group.get_command(None, "worker").make_context(  # type: ignore[attr-defined]
+            "worker", list(c["command"][2:]))
+        assert spec["terminationGracePeriodSeconds"] > s.drain_grace_s
+        assert {p["containerPort"] for p in c["ports"]} == {s.worker_metrics_port}
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert c[probe]["httpGet"]["port"] == "metrics"
+        env = {e["name"]: e for e in c.get("env", [])}
+        assert env["TOKENQ_WORKER_METRICS_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] \
+            == "status.podIP"
+
+
+def test_gpu_worker_gets_a_gpu(docs: dict[tuple[str, str], dict[str, Any]]) -> None:
+    _, c = pod(docs[("Deployment", "tokenq-worker-qwen")])
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_scaled_objects_scale_each_worker_on_its_models_backlog(
+        docs: dict[tuple[str, str], dict[str, Any]]) -> None:
+    served = config(docs).served_models
+    registry = default_models()
+    models_json = json.loads(docs[("ConfigMap", "tokenq-models")]["data"]["models.json"])
+    compose_models = json.loads((K8S.parent / "models.json").read_text())
+    assert models_json == compose_models  # one registry for compose and k8s
+    registry.update({k: ModelConfig.model_validate(v) for k, v in models_json.items()})
+    assert set(served) <= set(registry)
+    scaled = of_kind(docs, "ScaledObject")
+    workers = [d for d in of_kind(docs, "Deployment") if pod(d)[1]["command"][1] == "worker"]
+    assert {so["spec"]["scaleTargetRef"]["name"] for so in scaled} \
+        == {d["metadata"]["name"] for d in workers}
+    for so in scaled:
+        deploy = docs[("Deployment", so["spec"]["scaleTargetRef"]["name"])]
+        cmd = pod(deploy)[1]["command"]
+        model = cmd[cmd.index("--model") + 1]
+        [trigger] = so["spec"]["triggers"]
+        query = trigger["metadata"]["query"]
+        assert check(query) == {"tokenq_queue_depth", "tokenq_num_requests_running"}
+        assert set(re.findall(r'model="([^"]+)"', query)) == {model}
+        # threshold = the model's slots per worker: ceil(backlog / slots) as tokenq autoscale
+        cfg = registry[model]
+        slots = cfg.max_num_seqs if cfg.backend == "vllm" else cfg.n_parallel
+        assert int(trigger["metadata"]["threshold"]) == slots
+        assert so["spec"]["minReplicaCount"] <= so["spec"]["maxReplicaCount"]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+def test_kustomize_builds_every_object_into_the_namespace() -> None:
+    out = subprocess.run(["kubectl", "kustomize", str(K8S)], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    built = [d for d in yaml.safe_load_all(out) if d]
+    assert {(d["kind"], d["metadata"]["name"]) for d in built} \
+        == {(d["kind"], d["metadata"]["name"]) for d in documents()}
+    assert {d["metadata"]["namespace"] for d in built} == {"tokenq"}
