@@ -265,6 +265,7 @@ class WorkerRuntime:
             oldest: list[str] = self.r.zrangebyscore(  # type: ignore[assignment]
                 keys.QUEUED, 0, now - self.settings.rescue_after_s, start=0, num=100)
             stale += oldest
+            self._forget_dead_workers(now)
         requeued = 0
         for job_key in stale:
             job_id = keys.job_id_of(job_key)
@@ -282,6 +283,16 @@ class WorkerRuntime:
                             "re-enqueued", job_id, rec[2])
                 requeued += 1
         return requeued
+
+    def _forget_dead_workers(self, now: float) -> None:
+        """Drop heartbeats of workers silent for 3 x worker_ttl_s (SIGKILLed: they never
+        said goodbye), so /metrics, /v1/admin/workers and slot counts stop showing them.
+        A worker that was only paused writes its heartbeat back on its next beat."""
+        beats: dict[str, str] = self.r.hgetall(keys.WORKERS)  # type: ignore[assignment]
+        cutoff = now - 3 * self.settings.worker_ttl_s
+        dead = [w for w, v in beats.items() if json.loads(v).get("ts", 0) < cutoff]
+        if dead:
+            self.r.hdel(keys.WORKERS, *dead)
 
     def drain(self) -> None:
         """SIGTERM: Celery stops consuming at once; running jobs get `drain_grace_s` to

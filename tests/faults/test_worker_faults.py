@@ -56,6 +56,12 @@ def test_sigkill_worker_at_half_loses_nothing(tmp_path: Path) -> None:
             assert run.starts[1][1]["worker"] != victim
         recovery = max(run.starts[1][0] for run in taken) - killed_at
         assert recovery < 20, recovery  # issue target: taken over within 20 s of the kill
+        # The dead worker's heartbeat is forgotten (3 x worker_ttl 5 s), the live one's kept.
+        deadline = time.monotonic() + 30
+        while r.hexists("tokenq:workers", victim):
+            assert time.monotonic() < deadline, "the dead worker's heartbeat stayed"
+            time.sleep(0.5)
+        assert r.hexists("tokenq:workers", worker_id(st, 1))
         print(f"\n[faults] SIGKILL at {N // 2}/{N}: {len(taken)} running jobs taken over, "
               f"0 lost, 0 duplicate tokens; recovery {recovery:.1f}s after the kill "
               f"(lease 3 s)")
