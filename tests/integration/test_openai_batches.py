@@ -13,7 +13,7 @@ import redis
 
 from cli.stack import Stack
 from shared import keys
-from tests.conftest import IDLE_MODEL, MAX_BATCH_LINES, SMOL
+from tests.conftest import MAX_BATCH_LINES, NO_WORKER_MODEL, SMOL
 
 QUESTIONS = ["Name a colour.", "Name a fruit.", "Name an animal.", "Name a city.",
              "Name a planet.", "Name a tree."]
@@ -126,8 +126,8 @@ def test_batch_endpoint_and_file_checks(oai: openai.OpenAI) -> None:
 
 
 def test_cancel_queued_batch(oai: openai.OpenAI) -> None:
-    """No worker consumes IDLE_MODEL: every line waits in the queue, so cancel ends them all."""
-    lines = [chat_line(f"c{i}", "hi", model=IDLE_MODEL) for i in range(5)]
+    """No worker ever consumes NO_WORKER_MODEL: every line waits, so cancel ends them all."""
+    lines = [chat_line(f"c{i}", "hi", model=NO_WORKER_MODEL) for i in range(5)]
     f = oai.files.create(file=("c.jsonl", jsonl(lines)), purpose="batch")
     b = oai.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
                            completion_window="24h")
@@ -174,8 +174,8 @@ def test_cancel_mid_run_keeps_finished_results(oai: openai.OpenAI) -> None:
 
 def test_batch_over_the_line_limit_fails_validation(oai: openai.OpenAI,
                                                     stack_redis: redis.Redis) -> None:
-    lines = [chat_line(f"l{i}", "hi", model=IDLE_MODEL) for i in range(MAX_BATCH_LINES + 1)]
-    depth = stack_redis.llen(keys.queue(IDLE_MODEL, "low"))
+    lines = [chat_line(f"l{i}", "hi", model=NO_WORKER_MODEL) for i in range(MAX_BATCH_LINES + 1)]
+    depth = stack_redis.llen(keys.queue(NO_WORKER_MODEL, "low"))
     f = oai.files.create(file=("big.jsonl", jsonl(lines)), purpose="batch")
     b = oai.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
                            completion_window="24h")
@@ -183,4 +183,4 @@ def test_batch_over_the_line_limit_fails_validation(oai: openai.OpenAI,
     assert failed.errors is not None and failed.errors.data is not None
     assert [e.code for e in failed.errors.data] == ["too_many_lines"]
     assert failed.errors.data[0].line == MAX_BATCH_LINES + 1
-    assert stack_redis.llen(keys.queue(IDLE_MODEL, "low")) == depth
+    assert stack_redis.llen(keys.queue(NO_WORKER_MODEL, "low")) == depth

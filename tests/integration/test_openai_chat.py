@@ -14,7 +14,7 @@ import redis
 
 from cli.stack import Stack
 from shared import keys
-from tests.conftest import IDLE_MODEL, SMOL
+from tests.conftest import NO_WORKER_MODEL, SMOL
 
 CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
@@ -149,10 +149,10 @@ def test_bad_requests_raise_the_right_sdk_error(
 
 def test_disconnect_cancels_the_job(stack: Stack, stack_redis: redis.Redis) -> None:
     """Interactive clients: a closed stream cancels its job (here a job that is queued
-    because no worker consumes IDLE_MODEL, so it must end `cancelled`, never run)."""
+    because no worker consumes NO_WORKER_MODEL, so it must end `cancelled`, never run)."""
     with httpx.Client(base_url=stack.url, timeout=30) as c, c.stream(
             "POST", "/v1/chat/completions",
-            json={"model": IDLE_MODEL, "messages": CHAT, "stream": True}) as resp:
+            json={"model": NO_WORKER_MODEL, "messages": CHAT, "stream": True}) as resp:
         assert resp.status_code == 200
         job_id = resp.headers["x-tokenq-job-id"]
         next(resp.iter_lines())  # the role chunk: the stream is open
@@ -166,7 +166,7 @@ def test_non_streaming_disconnect_cancels_the_job(stack: Stack, stack_redis: red
                                                   ) -> None:
     before = set(stack_redis.zrange(keys.tenant_jobs("default"), 0, -1))
     with httpx.Client(base_url=stack.url, timeout=1.5) as c, pytest.raises(httpx.ReadTimeout):
-        c.post("/v1/chat/completions", json={"model": IDLE_MODEL, "messages": CHAT})
+        c.post("/v1/chat/completions", json={"model": NO_WORKER_MODEL, "messages": CHAT})
     (job_id,) = set(stack_redis.zrange(keys.tenant_jobs("default"), 0, -1)) - before
     deadline = time.time() + 10
     while stack_redis.hget(keys.job(job_id), "state") != "cancelled":
