@@ -10,12 +10,17 @@ from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api import errors
+from api.auth import KeyAuth, load_keys
 from api.deps import AppState
 from api.limits import BodyLimit
 from api.openai.batch_driver import BatchDriver
-from api.routes import batches, files, jobs, openai, ops
+from api.routes import admin, batches, files, jobs, openai, ops
 from api.streams import StreamHub
 from api.tokens import PromptCounter
 from shared.celery_app import create_celery
@@ -25,29 +30,25 @@ from shared.settings import Settings, get_settings
 log = logging.getLogger("tokenq.api")
 
 
-def parse_api_keys(raw: str | None) -> dict[str, str]:
-    """`key:tenant,key2:tenant2` -> {key: tenant}."""
-    out: dict[str, str] = {}
-    for item in (raw or "").split(","):
-        key, _, tenant = item.strip().partition(":")
-        if key:
-            out[key] = tenant or "default"
-    return out
-
-
 def create_app(settings: Settings | None = None, api_keys: str | None = None) -> FastAPI:
     settings = settings or get_settings()
+    api_key_map = load_keys(api_keys, settings.api_keys_file)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        r = aioredis.Redis.from_url(settings.require_redis_url(), decode_responses=True,
-                                    max_connections=256, health_check_interval=30)
+        # After a Redis restart every pooled connection is dead: retry a command on a fresh
+        # one (briefly) rather than answer the first requests with 503.
+        r = aioredis.Redis.from_url(
+            settings.require_redis_url(), decode_responses=True, max_connections=256,
+            health_check_interval=30,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError])
         hub = StreamHub(r)
         await hub.start()
         state = AppState(
             settings=settings, redis=r, hub=hub, celery=create_celery(settings),
             models=settings.models(), counter=PromptCounter(settings),
-            api_keys=parse_api_keys(api_keys),
+            api_keys=api_key_map,
             scripts={"create": r.register_script(CREATE), "cancel": r.register_script(CANCEL)},
         )
         state.redis_raw = aioredis.Redis.from_url(settings.require_redis_url(),
@@ -57,7 +58,8 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
         driver_task = asyncio.create_task(driver.run(), name="tokenq-batch-driver")
         app.state.tokenq = state
         if not state.api_keys:
-            log.warning("no API keys configured: every caller is tenant 'default'")
+            log.warning("no API keys configured: every caller is tenant 'default' (admin); "
+                        "serve on loopback only")
         try:
             yield
         finally:
@@ -70,14 +72,19 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
 
     app = FastAPI(title="tokenq", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
+    app.state.api_keys_configured = bool(api_key_map)
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(openai.router)
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(ops.router)
+    app.include_router(admin.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
-                       large={"/v1/files": settings.max_file_bytes})
+                       large={"/v1/files": settings.max_file_bytes},
+                       timeout_s=settings.body_timeout_s)
+    # Outermost: a request without a valid key is refused before its body is read.
+    app.add_middleware(KeyAuth, keys=api_key_map)
     return app
 
 

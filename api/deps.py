@@ -9,13 +9,12 @@ import redis.asyncio as aioredis
 from celery import Celery
 from fastapi import Depends, Request
 
+from api.auth import Principal
 from api.streams import StreamHub
 from api.tokens import PromptCounter
-from shared.errors import Unauthorized
+from shared.errors import Forbidden, Unauthorized
 from shared.metrics import ClusterMetrics
 from shared.settings import ModelConfig, Settings
-
-DEFAULT_TENANT = "default"
 
 
 @dataclass
@@ -26,7 +25,8 @@ class AppState:
     celery: Celery
     models: dict[str, ModelConfig]
     counter: PromptCounter
-    api_keys: dict[str, str] = field(default_factory=dict)
+    api_keys: dict[str, Principal] = field(default_factory=dict)  # sha256(key) -> who
+    open_streams: dict[str, int] = field(default_factory=dict)  # tenant -> SSE streams here
     cluster_metrics: ClusterMetrics = field(default_factory=ClusterMetrics)
     draining: bool = False  # SIGTERM received: refuse new jobs, let open streams finish
     scripts: dict[str, Any] = field(default_factory=dict)
@@ -49,16 +49,30 @@ def get_state(request: Request) -> AppState:
 StateDep = Annotated[AppState, Depends(get_state)]
 
 
-def get_tenant(request: Request, state: StateDep) -> str:
-    """The caller's tenant: from the Bearer key when keys are configured, else `default`."""
-    if not state.api_keys:
-        return DEFAULT_TENANT
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
-    tenant = state.api_keys.get(token.strip()) if scheme.lower() == "bearer" else None
-    if tenant is None:
+def get_principal(request: Request) -> Principal:
+    """Who is calling, as api/auth.KeyAuth resolved it for this request."""
+    principal = getattr(request.state, "principal", None)
+    if not isinstance(principal, Principal):
         raise Unauthorized("missing or invalid API key (Authorization: Bearer <key>)")
-    return tenant
+    return principal
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+def get_tenant(principal: PrincipalDep) -> str:
+    """The caller's tenant: from the Bearer key when keys are configured, else `default`."""
+    return principal.tenant
 
 
 TenantDep = Annotated[str, Depends(get_tenant)]
+
+
+def require_admin(principal: PrincipalDep) -> Principal:
+    """Admin routes (drain, adapters, workers): a key with the `admin` role."""
+    if not principal.admin:
+        raise Forbidden("this route needs an admin API key")
+    return principal
+
+
+AdminDep = Annotated[Principal, Depends(require_admin)]

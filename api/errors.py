@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shared.errors import TokenqError
@@ -50,6 +51,13 @@ def install(app: FastAPI) -> None:
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return envelope(exc.status_code, str(exc.detail), type_, code)
+
+    @app.exception_handler(RedisError)
+    async def _redis(_: Request, exc: RedisError) -> JSONResponse:
+        # Redis restarting or unreachable: a retryable 503, not a 500.
+        log.warning("redis unavailable: %s", exc)
+        return envelope(503, "the job store is unavailable for the moment; retry",
+                        "service_unavailable", "unavailable", headers={"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -1,22 +1,31 @@
-"""Body size limit, enforced before the body is read in full (413 in OpenAI's envelope)."""
+"""Body size and speed limits, enforced while the body is read (413/408 in OpenAI's envelope).
+
+A slow body (a client trickling bytes, or sending none after its headers) would hold a
+connection and a request slot for as long as it likes; the whole body of an ordinary
+request must arrive within `timeout_s`, and each chunk of a large upload within it.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.errors import PayloadTooLarge
+from shared.errors import PayloadTooLarge, RequestTimeout
 
 
 class BodyLimit:
     """`max_bytes` for every route; routes under a `large` prefix (file uploads) get their
     own limit and are streamed through, counted, never buffered here."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, large: dict[str, int] | None = None):
+    def __init__(self, app: ASGIApp, max_bytes: int, large: dict[str, int] | None = None,
+                 timeout_s: float = 30.0):
         self.app = app
         self.max_bytes = max_bytes
         self.large = large or {}
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -30,14 +39,19 @@ class BodyLimit:
             await self._reject(send, limit or self.max_bytes)
             return
         if limit is not None:
-            await self.app(scope, self._counted(receive, limit), send)
+            await self.app(scope, self._counted(receive, limit, self.timeout_s), send)
             return
         # Chunked bodies: read up to the limit ourselves, then replay them.
         chunks: list[bytes] = []
         size = 0
         more = True
+        deadline = time.monotonic() + self.timeout_s
         while more:
-            msg = await receive()
+            try:
+                msg = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                await self._reject(send, self.max_bytes, status=408)
+                return
             if msg["type"] != "http.request":
                 break
             body = msg.get("body", b"")
@@ -55,12 +69,20 @@ class BodyLimit:
         await self.app(scope, replayed, send)
 
     @staticmethod
-    def _counted(receive: Receive, limit: int) -> Receive:
+    def _counted(receive: Receive, limit: int, timeout_s: float) -> Receive:
         size = 0
+        body_done = False
 
         async def counted() -> Message:
-            nonlocal size
-            msg = await receive()
+            nonlocal size, body_done
+            if body_done:  # e.g. waiting for the disconnect: not a body read
+                return await receive()
+            try:
+                msg = await asyncio.wait_for(receive(), timeout_s)
+            except TimeoutError:
+                raise RequestTimeout(f"no part of the request body arrived for {timeout_s:g}s")\
+                    from None
+            body_done = not msg.get("more_body", False)
             size += len(msg.get("body", b""))
             if size > limit:
                 raise PayloadTooLarge(f"request body is larger than {limit} bytes")
@@ -69,11 +91,14 @@ class BodyLimit:
         return counted
 
     @staticmethod
-    async def _reject(send: Send, limit: int) -> None:
+    async def _reject(send: Send, limit: int, status: int = 413) -> None:
+        message, code = f"request body is larger than {limit} bytes", "payload_too_large"
+        if status == 408:
+            message, code = "the request body did not arrive in time", "request_timeout"
         body = json.dumps({"error": {
-            "message": f"request body is larger than {limit} bytes",
-            "type": "invalid_request_error", "code": "payload_too_large", "param": None}}).encode()
-        await send({"type": "http.response.start", "status": 413,
+            "message": message, "type": "invalid_request_error", "code": code,
+            "param": None}}).encode()
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

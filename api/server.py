@@ -19,6 +19,7 @@ from fastapi import FastAPI
 
 from api.app import app_from_env
 from api.deps import AppState
+from shared.settings import LOOPBACK_HOSTS
 
 log = logging.getLogger("tokenq.api")
 
@@ -51,6 +52,13 @@ class DrainingServer(uvicorn.Server):
 def serve(host: str, port: int) -> None:
     app = app_from_env()
     settings = app.state.settings
+    if not app.state.api_keys_configured:
+        # Without keys anyone who can connect is the admin tenant: never off this machine.
+        if host not in LOOPBACK_HOSTS:
+            log.warning("no API keys configured (TOKENQ_API_KEYS / TOKENQ_API_KEYS_FILE): "
+                        "binding to 127.0.0.1 instead of %s", host)
+            host = "127.0.0.1"
+        log.warning("no API keys configured: listening on loopback only (%s:%d)", host, port)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=2)
     DrainingServer(config, app, settings.api_drain_s).run()

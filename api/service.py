@@ -17,6 +17,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from api.deps import AppState
+from api.ratelimit import charge_tokens
 from shared import keys
 from shared.celery_app import task_message
 from shared.errors import (
@@ -89,6 +90,7 @@ class Prepared:
     priority: str
     n_prompt: int
     fields: dict[str, str]
+    max_tokens: int = 0
 
 
 async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
@@ -126,14 +128,17 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
         fields["metadata"] = dumps(req.metadata)
         if req.metadata.get("webhook_url"):
             fields["webhook_url"] = req.metadata["webhook_url"]
-    return Prepared(req.model, req.priority, n_prompt, fields)
+    return Prepared(req.model, req.priority, n_prompt, fields, params.max_tokens)
 
 
 async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = None,
                   deadline: float | None = None, extra: dict[str, str] | None = None,
-                  queue_limit: int | None = None) -> tuple[int, str, float]:
-    """Run CREATE: record + Celery message + `queued` event in one atomic step.
-    Returns (1 created | 2 already there | -1 queue full, job id, created_at)."""
+                  queue_limit: int | None = None,
+                  tenant_limit: int = 0) -> tuple[int, str, float]:
+    """Run CREATE: record + Celery message + `queued` event in one atomic step. Returns
+    (1 created | 2 already there | -1 queue full | -2 tenant's queued limit, id, created_at).
+    Batch lines are counted apart from the tenant's own queued jobs: a large batch must
+    not lock its tenant out of interactive requests."""
     s = state.settings
     job_id = job_id or new_job_id()
     now = time.time()
@@ -141,11 +146,13 @@ async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | No
     if deadline is not None:
         fields["deadline"] = repr(deadline)
     queue = keys.queue(p.model, p.priority)
+    queued_set = keys.tenant_queued(tenant, batch="batch" in fields)
     ok, _depth = await state.scripts["create"](
-        keys=[keys.job(job_id), keys.job_events(job_id), queue, keys.tenant_jobs(tenant)],
+        keys=[keys.job(job_id), keys.job_events(job_id), queue, keys.tenant_jobs(tenant),
+              queued_set, keys.QUEUED],
         args=[dumps(fields), task_message(state.celery, job_id, queue),
               s.queue_limit if queue_limit is None else queue_limit,
-              s.stream_maxlen, repr(now)])
+              s.stream_maxlen, repr(now), tenant_limit])
     return int(ok), job_id, now
 
 
@@ -156,7 +163,15 @@ async def submit(state: AppState, tenant: str, req: JobRequest, *,
     if state.draining:
         raise Draining("this API replica is shutting down; retry (another replica will serve)")
     p = await prepare(state, tenant, req)
-    ok, job_id, now = await enqueue(state, tenant, p, deadline=deadline, extra=extra)
+    await charge_tokens(state.redis, tenant, state.settings.tokens_per_min,
+                        p.n_prompt + p.max_tokens)
+    deadline = deadline if deadline is not None else req.deadline
+    ok, job_id, now = await enqueue(state, tenant, p, deadline=deadline, extra=extra,
+                                    tenant_limit=state.settings.tenant_max_queued)
+    if ok == -2:
+        raise QueueFull(f"you have {state.settings.tenant_max_queued} jobs queued, the limit "
+                        "per tenant; retry when some have started", retry_after=5,
+                        code="tenant_queue_full")
     if ok != 1:
         depth = await state.redis.llen(keys.queue(p.model, p.priority))
         raise QueueFull(f"the queue for {req.model!r} is full ({depth} jobs); retry later",

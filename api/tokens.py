@@ -47,6 +47,10 @@ class PromptCounter:
     async def count(self, name: str, cfg: ModelConfig, prompt: str | None,
                     messages: list[dict[str, Any]] | None) -> int:
         """Prompt tokens after the chat template; raises ValueError if it cannot be rendered."""
+        if cfg.backend == "fake":
+            from workers.engines.fake import count_tokens, prompt_text
+
+            return count_tokens(prompt_text(prompt, messages))
         vocab = await self._vocab(name, cfg)
         if vocab is None:
             text = prompt or "".join(str(m.get("content", "")) for m in messages or [])

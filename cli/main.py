@@ -1,4 +1,4 @@
-"""`tokenq`: up, api, worker, demo."""
+"""`tokenq`: up, api, worker, demo, bench, soak, hash-key."""
 
 from __future__ import annotations
 
@@ -179,6 +179,35 @@ def models_convert(model: Annotated[str, typer.Argument(help="a model in the reg
     out = convert_gguf(gguf_path(cfg, s.state_dir), hf_dir(model, cfg, s.state_dir),
                        cfg.chat_template)
     typer.echo(str(out))
+
+
+@app.command()
+def soak(
+    minutes: Annotated[float, typer.Option(help="how long to submit jobs")] = 30.0,
+    load: Annotated[float, typer.Option(help="arrival rate as a fraction of capacity")] = 0.5,
+    workers: Annotated[int, typer.Option()] = 2,
+    kill_every: Annotated[float, typer.Option(help="seconds between worker SIGKILLs")] = 120.0,
+    max_tokens: Annotated[int, typer.Option()] = 32,
+    model: Annotated[str | None, typer.Option(help="a real model (default: the fake engine)")]
+    = None,
+    capacity: Annotated[float | None, typer.Option(help="jobs/s the model sustains")] = None,
+) -> None:
+    """Soak under faults: Poisson arrivals, workers killed, Redis restarted; checks that every
+    job ended exactly once and prints queue time, TTFT and memory per process."""
+    from cli.soak import SoakConfig, run_soak
+
+    _logging("WARNING")
+    cfg = SoakConfig(minutes=minutes, load=load, workers=workers, kill_every_s=kill_every,
+                     max_tokens=max_tokens, model=model, capacity=capacity)
+    raise typer.Exit(run_soak(cfg, typer.echo))
+
+
+@app.command("hash-key")
+def hash_key(key: str) -> None:
+    """Print a keys-file line for KEY (TOKENQ_API_KEYS_FILE stores only the hash)."""
+    from api.auth import hash_key as sha
+
+    typer.echo(f"sha256:{sha(key)} TENANT")
 
 
 def main() -> None:

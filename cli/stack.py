@@ -37,6 +37,7 @@ class Stack:
     models: list[str] = field(default_factory=list)
     quiet: bool = False  # send children's logs to files under state_dir/logs
     drain_timeout_s: float = 60.0
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for every child
     redis: EmbeddedRedis | None = None
     api: subprocess.Popen[bytes] | None = None
     worker_procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
@@ -51,8 +52,9 @@ class Stack:
         env["TOKENQ_REDIS_URL"] = self.redis_url
         env["TOKENQ_STATE_DIR"] = str(self.settings.state_dir)
         env["TOKENQ_SERVED_MODELS"] = json.dumps(self.models)
-        if self.settings.models_file:  # the children serve this stack's registry
+        if self.settings.models_file:
             env["TOKENQ_MODELS_FILE"] = str(self.settings.models_file)
+        env.update(self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
@@ -97,6 +99,17 @@ class Stack:
                            [sys.executable, "-m", "cli.main", "worker", "--model", model])
         self.worker_procs.append((model, proc))
         return proc
+
+    def restart_dead_workers(self) -> int:
+        """Replace every worker that exited (what `tokenq up` does once a second)."""
+        restarted = 0
+        for model, proc in list(self.worker_procs):
+            if proc.poll() is not None:
+                log.warning("worker for %s exited (%s); restarting", model, proc.returncode)
+                self.worker_procs.remove((model, proc))
+                self.add_worker(model)
+                restarted += 1
+        return restarted
 
     def wait_ready(self, timeout: float = 180.0, models: list[str] | None = None) -> None:
         """Until /ready is 200 (or, with `models`, until those models have a live worker)."""
@@ -144,12 +157,7 @@ class Stack:
                     log.error("the API exited (%s); stopping", self.api.returncode)
                     code = 1
                     break
-                for model, proc in list(self.worker_procs):
-                    if proc.poll() is not None:
-                        log.warning("worker for %s exited (%s); restarting", model,
-                                    proc.returncode)
-                        self.worker_procs.remove((model, proc))
-                        self.add_worker(model)
+                self.restart_dead_workers()
         except (TimeoutError, RuntimeError) as exc:
             log.error("%s", exc)
             code = 1

@@ -77,9 +77,31 @@ class QueueFull(TokenqError):
     type = "rate_limit_error"
     code = "queue_full"
 
-    def __init__(self, message: str, *, retry_after: int = 1):
-        super().__init__(message)
+    def __init__(self, message: str, *, retry_after: int = 1, code: str | None = None):
+        super().__init__(message, code=code)
         self.retry_after = retry_after
+
+
+class RateLimited(QueueFull):
+    """The tenant is over its request or token rate (429)."""
+
+    code = "rate_limit_exceeded"
+
+
+class Forbidden(TokenqError):
+    """A valid key without the role this route needs (403)."""
+
+    status = 403
+    type = "permission_error"
+    code = "permission_denied"
+
+
+class RequestTimeout(TokenqError):
+    """The request body arrived too slowly (408)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
 
 
 class Draining(TokenqError):
@@ -88,6 +110,15 @@ class Draining(TokenqError):
     status = 503
     type = "service_unavailable"
     code = "draining"
+    retry_after = 1
+
+
+class Unavailable(TokenqError):
+    """Redis is unreachable for the moment; retry (503)."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "unavailable"
     retry_after = 1
 
 

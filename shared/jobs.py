@@ -71,25 +71,52 @@ end
 _TERMINAL = ("state == 'succeeded' or state == 'failed' or state == 'cancelled'"
              " or state == 'expired'")
 
+# KEYS: job, events, queue, tenant's job index, tenant's queued set, queued index
+# ARGV: fields, Celery message, queue limit, stream maxlen, now, tenant queued limit
 CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {2, 0} end  -- idempotent (batch lines)
 local depth = redis.call('LLEN', KEYS[3])
 if tonumber(ARGV[3]) > 0 and depth >= tonumber(ARGV[3]) then return {-1, depth} end
+local mine = redis.call('ZCARD', KEYS[5])
+if tonumber(ARGV[6]) > 0 and mine >= tonumber(ARGV[6]) then return {-2, mine} end
 local fields = cjson.decode(ARGV[1])
 for k, v in pairs(fields) do redis.call('HSET', KEYS[1], k, v) end
+-- the record names its tenant's queued set, so scripts that only know the job can leave it
+redis.call('HSET', KEYS[1], 'tenant_queued', KEYS[5], 'msg', ARGV[2])
 redis.call('LPUSH', KEYS[3], ARGV[2])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'e', 'queued',
            'd', cjson.encode({position = depth}))
 redis.call('ZADD', KEYS[4], ARGV[5], fields['id'])
+redis.call('ZADD', KEYS[5], ARGV[5], fields['id'])
+redis.call('ZADD', KEYS[6], ARGV[5], KEYS[1])
 if fields['batch'] then redis.call('HINCRBY', '@BATCH@' .. fields['batch'], 'enqueued', 1) end
 return {1, depth}
 """.replace("@BATCH@", keys.BATCH_PREFIX)
 
-ACQUIRE = _ON_TERMINAL + f"""
+# Lua: the job no longer counts as queued, for its tenant or the rescue (idempotent).
+_LEAVE_QUEUE = f"""
+local function leave_queue()
+  local tq = redis.call('HGET', KEYS[1], 'tenant_queued')
+  if tq then redis.call('ZREM', tq, redis.call('HGET', KEYS[1], 'id')) end
+  redis.call('ZREM', '{keys.QUEUED}', KEYS[1])
+end
+"""
+
+ACQUIRE = _ON_TERMINAL + _LEAVE_QUEUE + f"""
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {{'missing'}} end
-if {_TERMINAL} then return {{'terminal'}} end
-if redis.call('EXISTS', KEYS[3]) == 1 then return {{'busy'}} end
+-- A redelivered copy (visibility timeout, broker reconnect) drops itself; counted so
+-- operators and the fault suite can see duplicates were delivered and not run.
+if {_TERMINAL} then
+  leave_queue()
+  redis.call('HINCRBY', KEYS[1], 'duplicates', 1)
+  return {{'terminal'}}
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'duplicates', 1)
+  return {{'busy'}}
+end
+leave_queue()
 local now = ARGV[4]
 local function terminate(st, code, msg)
   redis.call('HSET', KEYS[1], 'state', st, 'finished_at', now,
@@ -114,6 +141,7 @@ if attempts >= tonumber(ARGV[3]) then
 end
 attempts = attempts + 1
 redis.call('HSET', KEYS[1], 'state', 'running', 'attempts', attempts, 'worker', ARGV[1])
+redis.call('HDEL', KEYS[1], 'msg')  -- delivered: a rescue needs a lost lease from now on
 if not redis.call('HGET', KEYS[1], 'started_at') then
   redis.call('HSET', KEYS[1], 'started_at', now)
 end
@@ -125,13 +153,21 @@ return {{'ok', attempts, redis.call('HGET', KEYS[1], 'spec'),
         redis.call('HGET', KEYS[1], 'cancel_requested') or '0'}}
 """
 
+# ARGV: attempt, maxlen, then (data, token id, index) per token. A token is written only
+# if its index is the next one (`n_tokens`), so a step replayed after a failed or cut
+# pipeline (Redis restarted mid-write) adds nothing twice and never leaves a gap.
 APPEND = """
 if redis.call('HGET', KEYS[1], 'attempts') ~= ARGV[1] then return 0 end
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
-for i = 3, #ARGV, 2 do
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*',
-             'e', 'token', 'd', ARGV[i], 't', ARGV[i + 1])
+local n = tonumber(redis.call('HGET', KEYS[1], 'n_tokens') or '0')
+for i = 3, #ARGV, 3 do
+  if tonumber(ARGV[i + 2]) == n then
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*',
+               'e', 'token', 'd', ARGV[i], 't', ARGV[i + 1])
+    n = n + 1
+  end
 end
+redis.call('HSET', KEYS[1], 'n_tokens', n)
 return 1
 """
 
@@ -150,10 +186,11 @@ redis.call('EXPIRE', KEYS[2], ttl)
 return 1
 """
 
-CANCEL = _ON_TERMINAL + """
+CANCEL = _ON_TERMINAL + _LEAVE_QUEUE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return false end
 if state == 'queued' then
+  leave_queue()
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished_at', ARGV[1], 'cancel_requested', '1')
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'e', 'cancelled', 'd', '{}')
   local ttl = on_terminal(KEYS[1], 'cancelled', ARGV[1], ARGV[3])
@@ -165,27 +202,42 @@ if state == 'running' then redis.call('HSET', KEYS[1], 'cancel_requested', '1') 
 return state
 """
 
-# KEYS: job, lease, running index, queue; ARGV: Celery message. Re-enqueue a running job
-# whose lease expired (its worker died): the next worker's ACQUIRE takes it over.
+# KEYS: job, lease, running index, queue, kombu's unacked hash, queued index;
+# ARGV: a fresh Celery message. Re-enqueue a job that no message will ever deliver:
+# - running without a lease (its worker died): the next worker's ACQUIRE takes it over;
+# - queued, or requeued, while its last message is neither in the queue nor in kombu's
+#   unacked hash. kombu pops a message (BRPOP) before it records it as unacked, so a
+#   worker killed in between loses it; without this the job would wait forever.
+# A copy pushed while the old message was in flight only meets ACQUIRE's busy/terminal
+# check, so a rescue is at worst a duplicate that drops itself, never a second run.
 REQUEUE = """
-if not redis.call('ZSCORE', KEYS[3], KEYS[1]) then return 0 end  -- already requeued
-if redis.call('HGET', KEYS[1], 'state') ~= 'running' or redis.call('EXISTS', KEYS[2]) == 1 then
-  if redis.call('HGET', KEYS[1], 'state') ~= 'running' then redis.call('ZREM', KEYS[3], KEYS[1]) end
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'running' and state ~= 'queued' then
+  redis.call('ZREM', KEYS[3], KEYS[1])
+  redis.call('ZREM', KEYS[6], KEYS[1])
   return 0
 end
-redis.call('ZREM', KEYS[3], KEYS[1])
-redis.call('LPUSH', KEYS[4], ARGV[1])
+if state == 'running' and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+local old = redis.call('HGET', KEYS[1], 'msg')
+if old then
+  local tag = cjson.decode(old)['properties']['delivery_tag']
+  if redis.call('HEXISTS', KEYS[5], tag) == 1 then return 0 end  -- delivered, not acked
+  if redis.call('LPOS', KEYS[4], old, 'RANK', -1) then return 0 end  -- still queued
+end
+redis.call('HSET', KEYS[1], 'msg', ARGV[1])
+redis.call('RPUSH', KEYS[4], ARGV[1])  -- the consuming end: a takeover does not wait its turn
 return 1
 """
 
 # KEYS: job, lease, running index, queue; ARGV: our lease value, Celery message.
-# A draining worker gives a running job back: only while the lease is still ours.
+# A draining worker gives a running job back: only while the lease is still ours. The job
+# stays in the running index, so a lost hand-back message is rescued like a takeover.
 HANDBACK = """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[2])
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
-redis.call('ZREM', KEYS[3], KEYS[1])
-redis.call('LPUSH', KEYS[4], ARGV[2])
+redis.call('HSET', KEYS[1], 'msg', ARGV[2])
+redis.call('RPUSH', KEYS[4], ARGV[2])  -- the consuming end (kombu BRPOPs the tail)
 return 1
 """
 

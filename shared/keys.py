@@ -4,8 +4,13 @@
     tokenq:job:{id}:events       stream  SSE events; entry id == SSE id
     tokenq:job:{id}:lease        string  "{worker}|{attempt}", PX = lease TTL
     tokenq:tenant:{t}:jobs       zset    job ids by creation time (listing, quotas)
+    tokenq:tenant:{t}:queued     zset    the tenant's jobs still queued (per-tenant limit)
+    tokenq:tenant:{t}:batch_queued  zset  its batch lines still queued (not limited)
+    tokenq:ratelimit:{t}:{kind}  hash    token bucket (level, ts) for requests/s and tokens/min
     tokenq:workers               hash    worker id -> JSON heartbeat (model, backend, slots, ts)
     tokenq:running               zset    job keys with a running attempt (for takeover)
+    tokenq:queued                zset    job keys still queued, by creation (lost-message rescue)
+    unacked                      hash    kombu's delivered-not-acked messages, by delivery tag
     tokenq:api:{uuid}:wake       stream  wakes the API's shared XREAD reader
     tokenq.{model}.{priority}    list    Celery queue (kombu's Redis transport)
 
@@ -59,8 +64,18 @@ def tenant_jobs(tenant: str) -> str:
     return f"{PREFIX}:tenant:{tenant}:jobs"
 
 
+def tenant_queued(tenant: str, batch: bool = False) -> str:
+    return f"{PREFIX}:tenant:{tenant}:{'batch_queued' if batch else 'queued'}"
+
+
+def rate_bucket(tenant: str, kind: str) -> str:
+    return f"{PREFIX}:ratelimit:{tenant}:{kind}"
+
+
 WORKERS = f"{PREFIX}:workers"
 RUNNING = f"{PREFIX}:running"
+QUEUED = f"{PREFIX}:queued"
+KOMBU_UNACKED = "unacked"  # kombu's Redis transport default (unacked_key)
 
 
 def api_wake(instance: str) -> str:

@@ -81,10 +81,21 @@ class JobRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    # Engines take a 64-bit seed; a bigger number is an error here, not a crash there.
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     priority: Priority = "normal"
     response_format: ResponseFormat | None = None
-    metadata: dict[str, str] | None = None
+    # OpenAI's limits: 16 pairs, keys up to 64 characters, values up to 512.
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    # Unix time after which the job must not start: still queued then, it ends `expired`.
+    deadline: float | None = Field(default=None, gt=0)
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_sizes(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v and any(len(k) > 64 or len(x) > 512 for k, x in v.items()):
+            raise ValueError("metadata keys are at most 64 characters, values at most 512")
+        return v
 
     @model_validator(mode="after")
     def _one_input(self) -> JobRequest:

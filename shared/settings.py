@@ -16,7 +16,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-Backend = Literal["auto", "llama", "vllm"]
+# `fake`: workers/engines/fake.py, a deterministic engine for the fault-injection tests.
+Backend = Literal["auto", "llama", "vllm", "fake"]
 
 
 class ModelConfig(BaseModel):
@@ -74,10 +75,12 @@ class ModelConfig(BaseModel):
     repeat_penalty: float = 1.0
     # Stop strings added to every request for this model (e.g. turn markers of a base model).
     stop: list[str] = Field(default_factory=list)
+    # backend `fake`: tokens per second per job (every running job gets one per step).
+    fake_tokens_per_s: float = 50.0
 
     @model_validator(mode="after")
     def _path_for_file(self) -> ModelConfig:
-        if self.source in ("file", "hf") and not self.path:
+        if self.source in ("file", "hf") and not self.path and self.backend != "fake":
             raise ValueError(f"a model with source {self.source!r} needs a 'path'")
         if self.source == "hf" and self.backend == "llama":
             raise ValueError("a Hugging Face folder (source 'hf') is served by vLLM only")
@@ -110,6 +113,19 @@ def default_models() -> dict[str, ModelConfig]:
     }
 
 
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", ""})
+
+
+def redis_is_protected(url: str, env: str) -> bool:
+    """Embedded/dev Redis on loopback may run without a password; nothing else may."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme == "unix" or parts.password:
+        return True
+    return env != "production" and (parts.hostname or "") in LOOPBACK_HOSTS
+
+
 class Settings(BaseSettings):
     """Process settings; every field can be set as ``TOKENQ_<NAME>``."""
 
@@ -129,11 +145,23 @@ class Settings(BaseSettings):
     port: int = 8000
     public_url: str | None = None
 
+    # API keys file: lines of `sha256:<hex> tenant [admin]` (plain keys: TOKENQ_API_KEYS)
+    api_keys_file: Path | None = None
+
     # limits
     max_body_bytes: int = 1_000_000
     max_tokens_limit: int = 4096
     max_stop_sequences: int = 8
     queue_limit: int = 10_000
+    # Per tenant (0 = off). Rates live in Redis, so they hold across API replicas.
+    tenant_max_queued: int = 1_000
+    rate_limit_rps: float = 0.0
+    rate_limit_burst: int = 0  # requests a tenant may send at once (0: 2 x rps)
+    tokens_per_min: int = 0  # prompt + max_tokens of submitted jobs
+    # Open SSE streams per tenant, counted per API replica.
+    max_streams_per_tenant: int = 256
+    # A request body must arrive within this (slow-body clients hold a connection).
+    body_timeout_s: float = 30.0
 
     # jobs, leases, streams
     lease_ttl_s: float = 15.0
@@ -143,6 +171,8 @@ class Settings(BaseSettings):
     heartbeat_s: float = 2.0
     # How often each worker looks for running jobs whose lease expired (dead workers).
     reconcile_s: float = 2.0
+    # A job queued this long whose message is neither queued nor delivered is re-enqueued.
+    rescue_after_s: float = 10.0
     # API on SIGTERM: refuse new jobs (503) and let open streams finish, at most this long.
     api_drain_s: float = 30.0
     # Each worker serves its engine metrics here (0: a free port; advertised in heartbeats).
@@ -172,17 +202,24 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = 5.0
     webhook_max_attempts: int = 5
 
+    # Celery redelivers a message not acked within this (its worker died, or the job is
+    # simply long: the lease makes such a copy drop itself). kombu looks for overdue
+    # messages every unacked_restore_s (its default of ~100 s delayed takeover).
+    visibility_timeout_s: float = 300.0
+    unacked_restore_s: float = 5.0
+
     # worker
     worker_model: str | None = None
     worker_threads: int | None = None
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
-        if self.env == "production":
-            if not self.redis_url:
-                raise ValueError("TOKENQ_REDIS_URL is required when TOKENQ_ENV=production")
-            if "@" not in self.redis_url:
-                raise ValueError("production Redis must be password-protected (redis://:pw@host)")
+        if self.env == "production" and not self.redis_url:
+            raise ValueError("TOKENQ_REDIS_URL is required when TOKENQ_ENV=production")
+        if self.redis_url and not redis_is_protected(self.redis_url, self.env):
+            raise ValueError(
+                "a Redis outside this machine (or any Redis in production) must be "
+                "password-protected: redis://:PASSWORD@host:6379/0 (or user:PASSWORD@ for ACLs)")
         return self
 
     def models(self) -> dict[str, ModelConfig]:

@@ -14,9 +14,15 @@ from typing import Any
 
 import redis
 from celery import signals
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from shared import keys
-from shared.celery_app import GENERATE_TASK, create_celery
+from shared.celery_app import (
+    GENERATE_TASK,
+    create_celery,
+    tolerate_acks_after_connection_loss,
+)
 from shared.models import gguf_path, hf_dir, select_backend
 from shared.settings import ModelConfig, Settings
 from workers import tasks
@@ -36,6 +42,10 @@ def build_engine(settings: Settings, model: str) -> Engine:
         return LlamaCppEngine(cfg, gguf_path(cfg, settings.state_dir))
     if backend == "vllm":
         return _vllm_engine(settings, model, cfg)
+    if backend == "fake":
+        from workers.engines.fake import FakeEngine
+
+        return FakeEngine(cfg)
     raise SystemExit(f"backend {backend!r} for model {model!r} is unknown")
 
 
@@ -60,12 +70,17 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
     if model not in settings.models():
         raise SystemExit(f"unknown model {model!r}; known: {', '.join(settings.models())}")
     app = create_celery(settings)
+    tolerate_acks_after_connection_loss()
     app.task(name=GENERATE_TASK, acks_late=True, ignore_result=True)(tasks.generate)
     cfg = settings.models()[model]
 
     @signals.worker_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _start(**_: Any) -> None:
-        r = redis.Redis.from_url(settings.require_redis_url(), decode_responses=True)
+        # Retry on a fresh connection after a Redis restart (the pool's are dead then).
+        r = redis.Redis.from_url(
+            settings.require_redis_url(), decode_responses=True,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError])
         try:
             rt = tasks.WorkerRuntime(settings=settings, model=model, cfg=cfg,
                                      engine=build_engine(settings, model), r=r)
@@ -95,7 +110,7 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
             rt.close()
             tasks.set_runtime(None)
 
-    slots = cfg.n_parallel if select_backend(cfg) == "llama" else cfg.max_num_seqs
+    slots = cfg.n_parallel if select_backend(cfg) in ("llama", "fake") else cfg.max_num_seqs
     try:
         _worker_main(app, model, slots, loglevel)
     finally:

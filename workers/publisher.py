@@ -52,12 +52,14 @@ class Publisher:
         # FINISH could otherwise land before the next attempt's ACQUIRE bumps the fence).
         self._dropped: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="tokenq-publisher", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
+        self._stopping = True
         self._steps.put(None)
         self._thread.join(timeout=10)
 
@@ -96,19 +98,30 @@ class Publisher:
                 except queue.Empty:
                     break
                 if more is None:
-                    self._write(merged)
+                    self._write_until_done(merged)
                     return
                 merged.tokens.extend(more.tokens)
                 merged.finished.extend(more.finished)
+            self._write_until_done(merged)
+
+    def _write_until_done(self, step: StepOutput) -> None:
+        """Retry a failed step until Redis answers again (it may be restarting): dropping
+        it would leave a gap in the job's stream. Replays are safe: APPEND writes a token
+        only at its own index and FINISH only once. Meanwhile the engine's later steps
+        queue up here; if the outage outlives the lease, another worker takes the job
+        over and these writes are fenced off."""
+        delay = 0.1
+        while True:
             try:
-                self._write(merged)
-            except redis.RedisError:
-                log.exception("publisher: Redis write failed; retrying the step once")
-                time.sleep(0.5)
-                try:
-                    self._write(merged)
-                except redis.RedisError:
-                    log.exception("publisher: dropping a step after a second failure")
+                self._write(step)
+                return
+            except redis.RedisError as exc:
+                if self._stopping:
+                    log.error("publisher: stopping with an unwritten step (%s)", exc)
+                    return
+                log.warning("publisher: Redis write failed (%s); retrying in %.1fs", exc, delay)
+                time.sleep(delay)
+                delay = min(2.0, delay * 2)
 
     def _write(self, step: StepOutput) -> None:
         s = self._settings
@@ -129,7 +142,7 @@ class Publisher:
         for (job_id, attempt), toks in by_job.items():
             args: list[str | int] = [attempt, s.stream_maxlen]
             for t in toks:
-                args += [dumps({"text": t.text, "index": t.index}), t.token_id]
+                args += [dumps({"text": t.text, "index": t.index}), t.token_id, t.index]
             self._append(keys=keys.job_script_keys(job_id)[:3], args=args, client=pipe)
             appended.append((job_id, attempt))
         # The handles' text feeds FINISH's `output` below; remember where each stood so a

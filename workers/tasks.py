@@ -168,7 +168,7 @@ class WorkerRuntime:
                 params=SamplingParams.model_validate(spec["params"])))
             cancel_sent = False
             while not handle.done.wait(CANCEL_POLL_S):
-                if not cancel_sent and self.r.hget(keys.job(job_id), "cancel_requested") == "1":
+                if not cancel_sent and self._cancel_requested(job_id):
                     self.engine.cancel(job_id)
                     cancel_sent = True
                 if not self.engine.healthy():
@@ -180,10 +180,21 @@ class WorkerRuntime:
                     # lease lost: a newer attempt owns the job; wait for the engine to let go
                     handle.done.wait(5)
                     break
-            self._observe(job_id, attempt, started, handle)
+            try:
+                self._observe(job_id, attempt, started, handle)
+            except redis.RedisError:
+                log.warning("job %s: metrics skipped (Redis unavailable)", job_id)
             return handle.outcome
         finally:
             self.publisher.untrack(job_id)
+
+    def _cancel_requested(self, job_id: str) -> bool:
+        """A Redis outage must not end the task: the engine goes on generating, the
+        publisher holds its writes until Redis is back, the lease decides who owns the job."""
+        try:
+            return self.r.hget(keys.job(job_id), "cancel_requested") == "1"
+        except redis.RedisError:
+            return False
 
     def _observe(self, job_id: str, attempt: int, started: float, handle: JobHandle) -> None:
         """Latencies are measured from the job's creation, so they include the queue."""
@@ -219,27 +230,33 @@ class WorkerRuntime:
         return ids, texts
 
     def reconcile(self) -> int:
-        """Re-enqueue running jobs whose lease expired (their worker died). Any worker may
-        run this; the REQUEUE script checks and pushes atomically, so a job goes back once."""
+        """Re-enqueue jobs no message will deliver: running ones whose lease expired (their
+        worker died) and queued ones whose message a dying worker popped (see REQUEUE). Any
+        worker may run this; the script checks and pushes atomically, so at most once."""
         running: list[str] = self.r.zrange(keys.RUNNING, 0, -1)  # type: ignore[assignment]
-        ids = [keys.job_id_of(k) for k in running]
         pipe = self.r.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.exists(keys.job_lease(job_id))
-        stale = [job_id for job_id, alive in zip(ids, pipe.execute(), strict=True) if not alive]
+        for job_key in running:
+            pipe.exists(keys.job_lease(keys.job_id_of(job_key)))
+        stale = [k for k, alive in zip(running, pipe.execute(), strict=True) if not alive]
+        # Only the oldest queued jobs: a popped message is always at the consuming end.
+        oldest: list[str] = self.r.zrangebyscore(  # type: ignore[assignment]
+            keys.QUEUED, 0, time.time() - self.settings.rescue_after_s, start=0, num=100)
+        stale += oldest
         requeued = 0
-        for job_id in stale:
+        for job_key in stale:
+            job_id = keys.job_id_of(job_key)
             rec: list[str | None] = self.r.hmget(  # type: ignore[assignment]
-                keys.job(job_id), ["model", "priority"])
+                job_key, ["model", "priority", "state"])
             if not rec[0]:
-                self.r.zrem(keys.RUNNING, keys.job(job_id))
+                self.r.zrem(keys.RUNNING, job_key)
+                self.r.zrem(keys.QUEUED, job_key)
                 continue
             queue = keys.queue(rec[0], rec[1] or "normal")
             msg = task_message(self.celery, job_id, queue)
-            if self._requeue(keys=[keys.job(job_id), keys.job_lease(job_id), keys.RUNNING, queue],
-                             args=[msg]):
-                log.warning("job %s: its worker's lease expired; re-enqueued for takeover",
-                            job_id)
+            if self._requeue(keys=[job_key, keys.job_lease(job_id), keys.RUNNING, queue,
+                                   keys.KOMBU_UNACKED, keys.QUEUED], args=[msg]):
+                log.warning("job %s (%s): no worker holds it and no message will deliver it; "
+                            "re-enqueued", job_id, rec[2])
                 requeued += 1
         return requeued
 

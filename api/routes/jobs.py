@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Header, Query, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
 
 from api import service
-from api.deps import StateDep, TenantDep
+from api.deps import AppState, StateDep, TenantDep
 from api.streams import is_valid_id
-from shared.errors import InvalidRequest
-from shared.schemas import JobAccepted, JobRecord, JobRequest
+from shared.errors import InvalidRequest, RateLimited
+from shared.schemas import TERMINAL_EVENTS, JobAccepted, JobRecord, JobRequest
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -39,16 +41,53 @@ async def job_events(
     job_id: str, state: StateDep, tenant: TenantDep,
     last_event_id: str | None = Header(default=None, alias="Last-Event-ID"),
     last_event_id_q: str | None = Query(default=None, alias="last_event_id"),
+    cancel_on_disconnect: bool = Query(default=False),
 ) -> EventSourceResponse:
+    """The job's events. A native stream survives its client (resume with Last-Event-ID),
+    so a disconnect leaves the job running unless the client asked otherwise with
+    `?cancel_on_disconnect=true` (interactive use: the engine slot is freed at once)."""
     await service.get(state, tenant, job_id)  # 404 before the stream starts
     after = last_event_id or last_event_id_q
     if after is not None and not is_valid_id(after):
         raise InvalidRequest("Last-Event-ID must be a stream id like 1700000000000-0",
                              param="last_event_id")
+    limit = state.settings.max_streams_per_tenant
+    if limit and state.open_streams.get(tenant, 0) >= limit:
+        raise RateLimited(f"{limit} event streams are open for this API key on this replica; "
+                          "close one first", retry_after=1, code="too_many_streams")
+    # Counted here, on the event loop, so concurrent opens cannot overshoot; released when
+    # the generator ends, or at once if the response never starts it.
+    state.open_streams[tenant] = state.open_streams.get(tenant, 0) + 1
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            state.open_streams[tenant] -= 1
 
     async def gen() -> AsyncIterator[ServerSentEvent]:
-        async for entry_id, event, data in service.events(state, job_id, after):
-            yield ServerSentEvent(id=entry_id, event=event, data=data)
+        ended = False
+        try:
+            async for entry_id, event, data in service.events(state, job_id, after):
+                ended = event in TERMINAL_EVENTS
+                yield ServerSentEvent(id=entry_id, event=event, data=data)
+        finally:
+            release()
+            if cancel_on_disconnect and not ended:
+                cancel_soon(state, tenant, job_id)
 
     s = state.settings
-    return EventSourceResponse(gen(), ping=s.sse_ping_s, send_timeout=s.sse_send_timeout_s)
+    return EventSourceResponse(gen(), ping=s.sse_ping_s, send_timeout=s.sse_send_timeout_s,
+                               background=BackgroundTask(release))
+
+
+_background: set[asyncio.Task[object]] = set()
+
+
+def cancel_soon(state: AppState, tenant: str, job_id: str) -> None:
+    """Cancel from a generator's cleanup: a task of its own, which the ending stream's
+    cancellation cannot take down with it."""
+    task = asyncio.get_running_loop().create_task(service.cancel(state, tenant, job_id, 0))
+    _background.add(task)
+    task.add_done_callback(_background.discard)

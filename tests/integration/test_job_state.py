@@ -14,15 +14,18 @@ from shared.jobs import ACQUIRE, APPEND, CANCEL, CREATE, FINISH, RENEW, REQUEUE,
 JOB = "job_t1"
 K3 = [keys.job(JOB), keys.job_events(JOB), keys.job_lease(JOB)]
 K4 = [*K3, keys.RUNNING]
+MSG = dumps({"properties": {"delivery_tag": "tag1"}})
+MSG2 = dumps({"properties": {"delivery_tag": "tag2"}})
 
 
-def create(r: redis.Redis, limit: int = 0, deadline: float | None = None) -> list[Any]:
+def create(r: redis.Redis, limit: int = 0, deadline: float | None = None,
+           tenant_limit: int = 0) -> list[Any]:
     fields = {"id": JOB, "owner": "t", "model": "m", "state": "queued", "attempts": "0",
               "created_at": repr(time.time()), "spec": "{}", "request": "{}"}
     if deadline is not None:
         fields["deadline"] = repr(deadline)
-    out: list[Any] = r.eval(CREATE, 4, keys.job(JOB), keys.job_events(JOB), "q", "tenant",
-                            dumps(fields), "msg", limit, 1000, 1)
+    out: list[Any] = r.eval(CREATE, 6, keys.job(JOB), keys.job_events(JOB), "q", "tenant",
+                            "tq", keys.QUEUED, dumps(fields), MSG, limit, 1000, 1, tenant_limit)
     return out
 
 
@@ -44,7 +47,7 @@ def events(r: redis.Redis) -> list[str]:
 def test_create_writes_record_message_and_queued_event(r: redis.Redis) -> None:
     assert create(r) == [1, 0]
     assert r.hget(keys.job(JOB), "state") == "queued"
-    assert r.lrange("q", 0, -1) == ["msg"]
+    assert r.lrange("q", 0, -1) == [MSG]
     assert events(r) == ["queued"]
     assert json.loads(r.xrange(keys.job_events(JOB))[0][1]["d"]) == {"position": 0}
 
@@ -53,6 +56,26 @@ def test_create_refuses_when_queue_full(r: redis.Redis) -> None:
     r.lpush("q", "a", "b")
     assert create(r, limit=2) == [-1, 2]
     assert not r.exists(keys.job(JOB)) and r.llen("q") == 2
+
+
+def test_tenant_queued_limit_counts_only_queued_jobs(r: redis.Redis) -> None:
+    r.zadd("tq", {"other": 1})
+    assert create(r, tenant_limit=1) == [-2, 1]
+    r.delete("tq")
+    assert create(r, tenant_limit=1) == [1, 0]
+    assert r.zcard("tq") == 1
+    acquire(r)  # running jobs no longer count against the tenant's queued limit
+    assert r.zcard("tq") == 0
+
+
+def test_replayed_token_step_is_written_once(r: redis.Redis) -> None:
+    create(r)
+    acquire(r)
+    step = [dumps({"text": "a", "index": 0}), 1, 0, dumps({"text": "b", "index": 1}), 2, 1]
+    assert r.eval(APPEND, 3, *K3, 1, 1000, *step) == 1
+    assert r.eval(APPEND, 3, *K3, 1, 1000, *step) == 1  # a retry after a cut pipeline
+    assert r.eval(APPEND, 3, *K3, 1, 1000, dumps({"text": "d", "index": 3}), 4, 3) == 1  # gap
+    assert events(r) == ["queued", "started", "token", "token"]
 
 
 def test_duplicate_delivery_with_live_lease_drops_itself(r: redis.Redis) -> None:
@@ -68,8 +91,8 @@ def test_stale_attempt_is_fenced_off(r: redis.Redis) -> None:
     acquire(r, "w1")
     r.delete(keys.job_lease(JOB))  # w1's lease expired (it froze)
     assert acquire(r, "w2")[:2] == ["ok", 2]
-    assert r.eval(APPEND, 3, *K3, 1, 1000, dumps({"text": "old", "index": 0}), 5) == 0
-    assert r.eval(APPEND, 3, *K3, 2, 1000, dumps({"text": "new", "index": 0}), 5) == 1
+    assert r.eval(APPEND, 3, *K3, 1, 1000, dumps({"text": "old", "index": 0}), 5, 0) == 0
+    assert r.eval(APPEND, 3, *K3, 2, 1000, dumps({"text": "new", "index": 0}), 5, 0) == 1
     assert finish(r, 1) == 0
     assert finish(r, 2) == 1
     assert finish(r, 2) == 0  # exactly one terminal write
@@ -116,7 +139,19 @@ def test_renew_only_own_lease(r: redis.Redis) -> None:
 
 
 def requeue(r: redis.Redis) -> int:
-    return int(r.eval(REQUEUE, 4, keys.job(JOB), keys.job_lease(JOB), keys.RUNNING, "q", "msg2"))
+    return int(r.eval(REQUEUE, 6, keys.job(JOB), keys.job_lease(JOB), keys.RUNNING, "q",
+                      keys.KOMBU_UNACKED, keys.QUEUED, MSG2))
+
+
+def test_queued_job_whose_message_was_lost_is_rescued_once(r: redis.Redis) -> None:
+    create(r)
+    assert r.zrange(keys.QUEUED, 0, -1) == [keys.job(JOB)]
+    assert requeue(r) == 0  # its message is still in the queue
+    r.delete("q")  # popped by a worker that died before kombu recorded it as unacked
+    assert requeue(r) == 1 and r.lrange("q", 0, -1) == [MSG2]
+    assert requeue(r) == 0
+    acquire(r)
+    assert r.zrange(keys.QUEUED, 0, -1) == []
 
 
 def test_running_index_and_requeue_after_lease_expiry(r: redis.Redis) -> None:
@@ -126,9 +161,13 @@ def test_running_index_and_requeue_after_lease_expiry(r: redis.Redis) -> None:
     assert r.zrange(keys.RUNNING, 0, -1) == [keys.job(JOB)]
     assert requeue(r) == 0  # live lease: nothing to do
     r.delete(keys.job_lease(JOB))  # the worker died
-    assert requeue(r) == 1 and r.lrange("q", 0, -1) == ["msg2"]
+    assert requeue(r) == 1 and r.lrange("q", 0, -1) == [MSG2]
     assert requeue(r) == 0  # exactly once, however many workers reconcile
-    assert r.zrange(keys.RUNNING, 0, -1) == []
+    r.delete("q")
+    r.hset(keys.KOMBU_UNACKED, "tag2", "x")  # a worker took the message, not yet ACQUIREd
+    assert requeue(r) == 0
+    r.delete(keys.KOMBU_UNACKED)  # ... and died before recording it: the message is gone
+    assert requeue(r) == 1 and r.lrange("q", 0, -1) == [MSG2]
     assert acquire(r, "w2")[:2] == ["ok", 2]  # the takeover
     assert r.zrange(keys.RUNNING, 0, -1) == [keys.job(JOB)]
     assert finish(r, 2) == 1

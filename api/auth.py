@@ -1,0 +1,137 @@
+"""API keys: who is calling (tenant, admin role), checked once for every route.
+
+Keys come from `TOKENQ_API_KEYS` (`key:tenant[:admin],…`, for dev and tests) and/or a
+keys file (`TOKENQ_API_KEYS_FILE`) holding only SHA-256 hashes, one key a line:
+
+    # sha256 of the key          tenant   [admin]
+    sha256:9f86d081884c7d65...   acme
+    sha256:60303ae22b998861...   ops      admin
+
+Both are kept as hash -> Principal, so a presented key is hashed and looked up; the
+process never needs the plain keys of a file. (`tokenq hash-key KEY` prints a line.)
+
+Why a middleware rather than a dependency on each route: a route added later (files,
+batches, admin) cannot forget it. With keys configured, every path but the public ones
+needs `Authorization: Bearer <key>` (401 otherwise, before the body is read), and each
+request is charged to its tenant's requests/s bucket (429 + Retry-After). Without keys,
+everyone is tenant `default` with the admin role, and api/server.py binds to loopback only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from redis.exceptions import RedisError
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api.errors import envelope
+from api.ratelimit import charge_requests
+from shared.errors import RateLimited
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TENANT = "default"
+# Health, readiness and metrics are scraped without keys; the docs show only the shapes.
+PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/openapi.json",
+                          "/docs/oauth2-redirect"})
+
+
+@dataclass(frozen=True)
+class Principal:
+    tenant: str
+    admin: bool = False
+
+
+ANONYMOUS = Principal(DEFAULT_TENANT, admin=True)  # only when no keys are configured
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def parse_keys(raw: str | None) -> dict[str, Principal]:
+    """`key:tenant[:admin],…` -> {sha256(key): Principal}."""
+    out: dict[str, Principal] = {}
+    for item in (raw or "").split(","):
+        key, _, rest = item.strip().partition(":")
+        tenant, _, role = rest.partition(":")
+        if key:
+            out[hash_key(key)] = Principal(tenant or DEFAULT_TENANT, admin=role == "admin")
+    return out
+
+
+def load_keys_file(path: Path) -> dict[str, Principal]:
+    """Lines of `sha256:<hex> tenant [admin]`; `#` starts a comment."""
+    out: dict[str, Principal] = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        parts = line.split("#", 1)[0].split()
+        if not parts:
+            continue
+        digest = parts[0].removeprefix("sha256:").lower()
+        if len(parts) < 2 or len(digest) != 64 or any(c not in "0123456789abcdef"
+                                                       for c in digest):
+            raise ValueError(f"{path}:{n}: expected 'sha256:<64 hex> tenant [admin]'")
+        out[digest] = Principal(parts[1], admin=len(parts) > 2 and parts[2] == "admin")
+    return out
+
+
+def load_keys(raw: str | None, path: Path | None) -> dict[str, Principal]:
+    keys = parse_keys(raw)
+    if path is not None:
+        keys.update(load_keys_file(path))
+    return keys
+
+
+def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    return None
+
+
+class KeyAuth:
+    """ASGI middleware: sets scope["state"]["principal"] or answers 401/429 itself."""
+
+    def __init__(self, app: ASGIApp, keys: dict[str, Principal]):
+        self.app = app
+        self.keys = keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path", "") in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        principal = ANONYMOUS
+        if self.keys:
+            token = bearer(scope.get("headers") or [])
+            found = self.keys.get(hash_key(token)) if token else None
+            if found is None:
+                resp = envelope(401, "missing or invalid API key (Authorization: Bearer <key>)",
+                                "authentication_error", "invalid_api_key",
+                                headers={"WWW-Authenticate": "Bearer"})
+                await resp(scope, receive, send)
+                return
+            principal = found
+        scope.setdefault("state", {})["principal"] = principal
+        state = getattr(scope["app"].state, "tokenq", None)
+        if state is not None and state.settings.rate_limit_rps > 0:
+            s = state.settings
+            try:
+                await charge_requests(state.redis, principal.tenant, s.rate_limit_rps,
+                                      s.rate_limit_burst)
+            except RateLimited as exc:
+                resp = envelope(429, exc.message, exc.type, exc.code,
+                                headers={"Retry-After": str(exc.retry_after)})
+                await resp(scope, receive, send)
+                return
+            except RedisError as exc:
+                log.warning("rate limit check failed: %s", exc)
+                resp = envelope(503, "the job store is unavailable for the moment; retry",
+                                "service_unavailable", "unavailable",
+                                headers={"Retry-After": "1"})
+                await resp(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
