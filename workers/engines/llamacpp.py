@@ -13,6 +13,10 @@ llama-server). Every step:
    seeded dist);
 4. hand the sink one StepOutput; a finished job's slot keeps its KV cells
    for the next job with the same prefix.
+
+LoRA adapters apply per context, so each step runs one adapter group (the jobs
+with the same adapter version, or none) and groups take turns between steps;
+see llamacpp_lora.py. Cached prefixes are reused only within the same version.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ import logging
 import os
 import queue
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import llama_cpp as ll
 
+from shared.adapters import AdapterRef
 from shared.chat import render_chat
 from shared.settings import ModelConfig
 from workers.engines.base import (
@@ -40,6 +46,7 @@ from workers.engines.base import (
     TokenDelta,
 )
 from workers.engines.detok import Released, TextStream
+from workers.engines.llamacpp_lora import BASE, LoraSet, pick_group
 from workers.engines.llamacpp_sampling import Sampler
 
 log = logging.getLogger(__name__)
@@ -141,6 +148,7 @@ class _Seq:
     generated: int = 0
     emitted: int = 0
     history: list[int] = field(default_factory=list)
+    group: int = BASE  # LoRA version id the job's KV is computed with
 
     @property
     def prefilling(self) -> bool:
@@ -159,7 +167,9 @@ class LlamaCppEngine:
         self._waiting: list[EngineRequest] = []
         self._active: dict[int, _Seq] = {}
         self._free_ids = list(range(self.slots))
-        self._cached: dict[int, list[int]] = {}  # tokens whose KV a free slot still holds
+        # (adapter version, tokens) whose KV a free slot still holds
+        self._cached: dict[int, tuple[int, list[int]]] = {}
+        self._last_group: int | None = None
         self.prompt_tokens_total = 0
         self.prefix_reused_tokens = 0
         self._thread: threading.Thread | None = None
@@ -187,6 +197,7 @@ class LlamaCppEngine:
         self.ctx = ctx
         self.mem = ll.llama_get_memory(ctx)
         self.batch = ll.llama_batch_init(self.cfg.n_batch, 0, 1)
+        self.lora = LoraSet(self.vocab.model, ctx)
         self._thread = threading.Thread(target=self._loop, name="llama-engine", daemon=True)
         self._thread.start()
 
@@ -195,6 +206,15 @@ class LlamaCppEngine:
 
     def cancel(self, job_id: str) -> None:
         self._inbox.put(("cancel", job_id))
+
+    def load_adapter(self, ref: AdapterRef) -> int | None:
+        fut: Future[None] = Future()
+        self._inbox.put(("lora_load", (ref, fut)))
+        fut.result(timeout=120)
+        return None  # a GGUF LoRA does not record its rank
+
+    def unload_adapter(self, ref: AdapterRef) -> None:
+        self._inbox.put(("lora_unload", ref))
 
     def stats(self) -> EngineStats:
         used = sum(s.n_past for s in list(self._active.values()))
@@ -212,6 +232,7 @@ class LlamaCppEngine:
         if self._thread:
             self._thread.join(timeout=10)
         if getattr(self, "ctx", None):
+            self.lora.close()
             ll.llama_batch_free(self.batch)
             ll.llama_free(self.ctx)
             self.ctx = None
@@ -245,6 +266,15 @@ class LlamaCppEngine:
                 self._waiting.append(arg)
             elif kind == "cancel":
                 self._cancel(arg, out)
+            elif kind == "lora_load":
+                ref, fut = arg
+                try:
+                    self.lora.want(ref)
+                    fut.set_result(None)
+                except Exception as exc:
+                    fut.set_exception(exc)
+            elif kind == "lora_unload":
+                self.lora.unwant(arg.id)
             try:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
@@ -266,9 +296,17 @@ class LlamaCppEngine:
             req = self._waiting.pop(0)
             try:
                 prompt = self.vocab.tokenize(self.vocab.render(req.prompt, req.messages))
+                group = self.lora.acquire(req.adapter)
+            except Exception as exc:
+                log.exception("job %s: adapter could not be loaded", req.job_id)
+                out.finished.append(Finished(req.job_id, req.attempt, "error", 0, 0,
+                                             "adapter_load_failed", str(exc)))
+                continue
+            try:
                 sampler = Sampler(self.vocab.vocab, self.vocab.n_vocab, req.params)
                 sampler.replay(req.resume_token_ids)
             except Exception as exc:
+                self.lora.release(group)
                 log.exception("job %s: could not be admitted", req.job_id)
                 out.finished.append(Finished(req.job_id, req.attempt, "error", 0, 0,
                                              "bad_request", f"could not prepare the job: {exc}"))
@@ -276,6 +314,7 @@ class LlamaCppEngine:
             tokens = prompt + req.resume_token_ids
             if len(tokens) + 1 > self.n_ctx_seq:
                 sampler.free()
+                self.lora.release(group)
                 resumed = len(req.resume_token_ids)
                 out.finished.append(  # a takeover at the context's end just ends the job
                     Finished(req.job_id, req.attempt, "length", len(prompt), resumed)
@@ -284,7 +323,7 @@ class LlamaCppEngine:
                         "context_length_exceeded", f"prompt has {len(prompt)} tokens; this "
                         f"worker's context is {self.n_ctx_seq}"))
                 continue
-            seq_id, reused = self._take_slot(tokens)
+            seq_id, reused = self._take_slot(tokens, group)
             self.prompt_tokens_total += len(tokens)
             self.prefix_reused_tokens += reused
             self._active[seq_id] = _Seq(
@@ -293,17 +332,20 @@ class LlamaCppEngine:
                 sampler=sampler, text=TextStream(req.params.stop,
                                                             next_index=len(req.resume_token_ids)),
                 generated=len(req.resume_token_ids),
-                emitted=len(req.resume_token_ids), history=list(tokens),
+                emitted=len(req.resume_token_ids), history=list(tokens), group=group,
             )
 
-    def _take_slot(self, tokens: list[int]) -> tuple[int, int]:
+    def _take_slot(self, tokens: list[int], group: int) -> tuple[int, int]:
         """The free slot whose cached KV shares the longest prefix with `tokens`, and how many
         of its cells are kept (llama-server's prompt cache: a post-call template or a long
-        system prompt is prefilled once per slot, not once per job)."""
+        system prompt is prefilled once per slot, not once per job). Only cells computed
+        with the same adapter version count: another adapter's KV is different KV."""
         best, best_len = self._free_ids[0], 0
         if self.cfg.prefix_cache:
             for sid in self._free_ids:
-                cached = self._cached.get(sid, [])
+                cached_group, cached = self._cached.get(sid, (BASE, []))
+                if cached_group != group:
+                    continue
                 n = 0
                 for a, b in zip(cached, tokens, strict=False):
                     if a != b:
@@ -322,9 +364,14 @@ class LlamaCppEngine:
     def _step(self, out: StepOutput) -> None:
         batch, n = self.batch, 0
         rows: list[tuple[_Seq, int]] = []
+        # One adapter group per step (adapters apply to the whole context); groups rotate.
+        group = pick_group((s.group for s in self._active.values()), self._last_group)
+        self._last_group = group
+        self.lora.apply(group)
         # Decoders first: one token each keeps every stream moving every step. Prompts
         # (oldest first) share what the prefill budget leaves.
-        order = sorted(self._active.values(), key=lambda s: s.prefilling)
+        order = sorted((s for s in self._active.values() if s.group == group),
+                       key=lambda s: s.prefilling)
         decoding = sum(1 for s in order if not s.prefilling)
         budget = self.cfg.n_batch if decoding == 0 else decoding + max(
             self.cfg.prefill_min_chunk, int(decoding * self.cfg.prefill_ratio))
@@ -384,7 +431,8 @@ class LlamaCppEngine:
         if reason == "error":  # the KV may be inconsistent after a failed decode
             ll.llama_memory_seq_rm(self.mem, seq.seq_id, -1, -1)
         else:  # keep the cells for prefix reuse; positions [0, n_past) are valid
-            self._cached[seq.seq_id] = seq.history[:seq.n_past]
+            self._cached[seq.seq_id] = (seq.group, seq.history[:seq.n_past])
         seq.sampler.free()
+        self.lora.release(seq.group)
         del self._active[seq.seq_id]
         self._free_ids.append(seq.seq_id)
