@@ -5,6 +5,7 @@ never restarted. Prints the load/unload/rollback times the admin routes measured
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,6 +96,8 @@ def test_load_request_unload_rollback_with_openai_sdk(
     assert chat(oai, NAME) == v1
     print("llama.cpp LoRA admin times (s):",
           {k: round(v, 3) for k, v in times.items()})
+    print("llama.cpp LoRA swap times (s):", swap_times(client, NAME, SMOL, versions))
+    assert chat(oai, NAME) == v1  # five rounds later: still v1, no restart
 
 
 def test_bad_adapter_is_refused_and_nothing_changes(
@@ -114,3 +117,25 @@ def test_bad_adapter_is_refused_and_nothing_changes(
     assert client.post("/v1/adapters", json={"name": "x", "model": "nope",
                                              "path": str(junk)}).status_code == 404
     admin(client, "DELETE", "/v1/adapters/smol-bad")
+
+
+def swap_times(client: httpx.Client, name: str, model: str, paths: list[Path],
+               rounds: int = 5) -> dict[str, str]:
+    """Admin-call seconds (call -> every live worker acked) over `rounds` cycles of
+    load v2 / rollback / unload / rollback, and the worker's own engine time for loads:
+    median and max, for docs/benchmarks.md."""
+    api: dict[str, list[float]] = {}
+    engine: list[float] = []
+    calls = [("load", "POST", "/v1/adapters", {"name": name, "model": model,
+                                                 "path": str(paths[1])}),
+             ("rollback", "POST", f"/v1/adapters/{name}/rollback", None),
+             ("unload", "DELETE", f"/v1/adapters/{name}", None),
+             ("rollback (undo unload)", "POST", f"/v1/adapters/{name}/rollback", None)]
+    for _ in range(rounds):
+        for op, method, path, body in calls:
+            out = admin(client, method, path, **({"json": body} if body else {}))
+            api.setdefault(op, []).append(float(out["seconds"]))  # type: ignore[arg-type]
+            if op == "load":
+                engine += [float(w["seconds"]) for w in out["workers"].values()]  # type: ignore[attr-defined]
+    api["engine load (worker)"] = engine
+    return {op: f"median {statistics.median(v):.3f} max {max(v):.3f}" for op, v in api.items()}

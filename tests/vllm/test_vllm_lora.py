@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -129,4 +130,28 @@ def test_vllm_lora_load_select_unload_rollback(lora_stack: Stack, peft: list[Pat
         assert resp.status_code == 400, resp.text
         assert resp.json()["error"]["code"] == "adapter_load_failed"
         assert complete(oai, "tiny-a") == v1
+        print("vLLM LoRA swap times (s):", swap_times(client, "tiny-a", BASE, peft))
+        assert complete(oai, "tiny-a") == v1
     print("vLLM LoRA admin times (s):", {k: round(v, 3) for k, v in times.items()})
+
+
+def swap_times(client: httpx.Client, name: str, model: str, paths: list[Path],
+               rounds: int = 5) -> dict[str, str]:
+    """Admin-call seconds (call -> every live worker acked) over `rounds` cycles of
+    load v2 / rollback / unload / rollback, and the worker's own engine time for loads:
+    median and max, for docs/benchmarks.md."""
+    api: dict[str, list[float]] = {}
+    engine: list[float] = []
+    calls = [("load", "POST", "/v1/adapters", {"name": name, "model": model,
+                                                 "path": str(paths[1])}),
+             ("rollback", "POST", f"/v1/adapters/{name}/rollback", None),
+             ("unload", "DELETE", f"/v1/adapters/{name}", None),
+             ("rollback (undo unload)", "POST", f"/v1/adapters/{name}/rollback", None)]
+    for _ in range(rounds):
+        for op, method, path, body in calls:
+            out = admin(client, method, path, **({"json": body} if body else {}))
+            api.setdefault(op, []).append(float(out["seconds"]))  # type: ignore[arg-type]
+            if op == "load":
+                engine += [float(w["seconds"]) for w in out["workers"].values()]  # type: ignore[attr-defined]
+    api["engine load (worker)"] = engine
+    return {op: f"median {statistics.median(v):.3f} max {max(v):.3f}" for op, v in api.items()}
