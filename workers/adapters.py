@@ -35,8 +35,15 @@ class AdapterWatcher:
         self._thread = threading.Thread(target=self._run, name="tokenq-adapters", daemon=True)
 
     def start(self) -> None:
-        self.sync()  # adapters loaded before this worker started are ready before its jobs
+        try:  # adapters loaded before this worker started are ready before its jobs
+            self.sync()
+        except Exception:
+            log.exception("adapter sync at start failed; retrying every %.2f s", self.poll_s)
         self._thread.start()
+
+    def summary(self) -> dict[str, int]:
+        """name -> version id this worker serves (for its heartbeat)."""
+        return {name: ref.id for name, ref in list(self.served.items())}
 
     def stop(self) -> None:
         self._stop.set()

@@ -100,7 +100,8 @@ class WorkerRuntime:
         info = {"model": self.model, "backend": self.engine.backend, "slots": st.slots,
                 "running": st.running, "waiting": st.waiting,
                 "kv_cache_usage": st.kv_cache_usage, "prefix_hit_ratio": st.prefix_hit_ratio,
-                "metrics_port": self.metrics_port, "ts": time.time(), "pid": os.getpid()}
+                "metrics_port": self.metrics_port, "ts": time.time(), "pid": os.getpid(),
+                "adapters": self.adapters.summary()}
         self.r.hset(keys.WORKERS, self.worker_id, dumps(info))
         self.metrics.kv_cache.labels(self.model).set(st.kv_cache_usage)
         self.metrics.prefix_hit.labels(self.model).set(st.prefix_hit_ratio)
