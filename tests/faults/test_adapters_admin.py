@@ -4,6 +4,7 @@ seconds. The engines' own LoRA behaviour is tested in tests/integration and test
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -70,3 +71,32 @@ def test_adapter_routes_admin_only_and_rollback(secure_stack: Stack, alpha: http
         final = adm.get("/v1/adapters/fake-ad").json()
         assert final["status"] == "unloaded" and not final["can_rollback"]
         assert run(alpha, FAKE) == "t0 t1 "  # the base model: no adapter
+
+
+def test_batch_lines_select_adapters(secure_stack: Stack, alpha: httpx.Client,
+                                     tmp_path: Path) -> None:
+    path = tmp_path / "v"
+    path.write_text("x")
+    with httpx.Client(base_url=secure_stack.url, timeout=60, headers=auth("admin")) as adm:
+        v = adm.post("/v1/adapters", json={"name": "fake-batch", "model": FAKE,
+                                           "path": str(path)}).json()
+        assert v["pending_workers"] == [], v
+        lines = [{"custom_id": m, "method": "POST", "url": "/v1/completions",
+                  "body": {"model": m, "prompt": "hi", "max_tokens": 2}}
+                 for m in ("fake-batch", FAKE)]
+        resp = alpha.post("/v1/files", data={"purpose": "batch"}, files={
+            "file": ("in.jsonl", "\n".join(json.dumps(x) for x in lines) + "\n")})
+        assert resp.status_code == 200, resp.text
+        batch = alpha.post("/v1/batches", json={"input_file_id": resp.json()["id"],
+                                                "endpoint": "/v1/completions",
+                                                "completion_window": "24h"}).json()
+        deadline = time.time() + 60
+        while (b := alpha.get(f"/v1/batches/{batch['id']}").json())["status"] != "completed":
+            assert time.time() < deadline and b["status"] not in ("failed", "expired"), b
+            time.sleep(0.1)
+        raw = alpha.get(f"/v1/files/{b['output_file_id']}/content").text
+        out = {x["custom_id"]: x["response"]["body"] for x in map(json.loads, raw.splitlines())}
+        assert out["fake-batch"]["model"] == "fake-batch"
+        assert out["fake-batch"]["choices"][0]["text"].startswith(f"[fake-batch@{v['version']}]")
+        assert out[FAKE]["choices"][0]["text"] == "t0 t1 "
+        adm.delete("/v1/adapters/fake-batch")
