@@ -118,3 +118,20 @@ def test_prefix_cache_never_shared_across_adapters(
         assert eng.prefix_reused_tokens > before  # a's own KV is
     finally:
         eng.close()
+
+
+def test_job_whose_adapter_cannot_load_fails_alone(
+        engine: tuple[LlamaCppEngine, Collector], tmp_path: Path) -> None:
+    eng, col = engine
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf")
+    req = request("bad-adapter", PROMPT, 4)
+    req.adapter = AdapterRef(name="junk", id=401, path=str(junk))
+    eng.submit(req)
+    col.wait(["bad-adapter"], timeout=600)
+    f = col.finished["bad-adapter"]
+    assert (f.reason, f.error_code) == ("error", "adapter_load_failed")
+    with pytest.raises(RuntimeError):
+        eng.load_adapter(req.adapter)  # the watcher's path reports it too
+    assert eng.healthy() and 401 not in eng.lora.loaded()
+    assert run(eng, col, "after-bad", None, PROMPT, 2)  # and the engine serves on
