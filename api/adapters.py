@@ -1,9 +1,10 @@
 """LoRA adapter logic behind the admin routes and job submission.
 
 Load, unload and rollback each change one registry record (shared/adapters.py) in a
-WATCH/MULTI transaction, then wait for the base model's live workers to report that
-they now serve the new state (their watcher polls the registry every
-`adapter_poll_s`; tokenq:adapter:{name}:acks). A load a worker cannot do (bad path,
+WATCH/MULTI transaction that also appends to tokenq:adapters:events (the workers'
+watchers block on it, so they act at once; they also re-read every `adapter_poll_s`),
+then wait for the base model's live workers to report that they now serve the new state
+(tokenq:adapter:{name}:acks). A load a worker cannot do (bad path,
 wrong format, rank over the engine's limit) is rolled back and answered with the
 worker's error, so a bad adapter never serves a job.
 """
@@ -56,6 +57,8 @@ async def _update(r: aioredis.Redis, name: str, change: Any) -> AdapterRecord:
                     AdapterRecord.model_validate_json(raw) if raw else None)
                 pipe.multi()  # type: ignore[no-untyped-call]
                 pipe.hset(keys.ADAPTERS, name, rec.model_dump_json())
+                # wakes every worker's watcher now instead of at its next poll
+                pipe.xadd(keys.ADAPTER_EVENTS, {"name": name}, maxlen=1000, approximate=True)
                 await pipe.execute()
                 return rec
             except WatchError:

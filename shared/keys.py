@@ -19,6 +19,7 @@ LoRA adapters (shared/adapters.py):
     tokenq:adapters              hash    adapter name -> JSON record (base, versions, current,
                                          status, history); every replica and worker reads it
     tokenq:adapters:seq          string  INCR: a version id unique across names (vLLM lora_int_id)
+    tokenq:adapters:events       stream  one entry per registry change: wakes the workers' watchers
     tokenq:adapter:{name}:acks   hash    worker id -> JSON {id, ok, error, seconds, ts}: what
                                          that worker serves for the name (id 0 = nothing)
 
@@ -151,6 +152,7 @@ def webhook(event_id: str) -> str:
 
 ADAPTERS = f"{PREFIX}:adapters"
 ADAPTER_SEQ = f"{PREFIX}:adapters:seq"
+ADAPTER_EVENTS = f"{PREFIX}:adapters:events"
 
 
 def adapter_acks(name: str) -> str:

@@ -1,7 +1,8 @@
 """The worker's adapter watcher: keeps the engine's loaded LoRA versions in step with
 the registry (shared/adapters.py), without a restart.
 
-Every `adapter_poll_s` it reads tokenq:adapters; for each adapter of this worker's
+On every registry change (it blocks on tokenq:adapters:events) and at least every
+`adapter_poll_s` it reads tokenq:adapters; for each adapter of this worker's
 base model it loads the current version when that changes (then tells the engine the
 previous one is no longer served: the engine frees it once its last job ends) and
 releases it on unload. After each change it writes its ack (tokenq:adapter:{name}:acks),
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 import redis
 
@@ -49,13 +51,24 @@ class AdapterWatcher:
         self._stop.set()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        # Block on the change stream (the API appends on every registry write) so a change
+        # is acted on in milliseconds; re-read the registry at least every poll_s anyway,
+        # which also covers a change made between a sync and the next read.
+        last = "$"
+        while not self._stop.is_set():
             try:
+                got: list[Any] = self.r.xread(  # type: ignore[assignment]
+                    {keys.ADAPTER_EVENTS: last}, count=100,
+                    block=max(1, int(self.poll_s * 1000)))
+                if got:
+                    last = str(got[0][1][-1][0])
                 self.sync()
             except redis.RedisError:
                 log.warning("adapter registry unavailable; keeping the loaded adapters")
+                self._stop.wait(self.poll_s)
             except Exception:
                 log.exception("adapter sync failed")
+                self._stop.wait(self.poll_s)
 
     def sync(self) -> None:
         raw: dict[str, str] = self.r.hgetall(keys.ADAPTERS)  # type: ignore[assignment]
