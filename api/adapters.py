@@ -158,7 +158,7 @@ async def wait_acks(state: AppState, rec: AdapterRecord, want: int,
         pending = [w for w in live if w not in done]
         if not pending or time.monotonic() >= deadline:
             return done, pending
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.01)  # an admin call's latency is mostly this wait
 
 
 async def _live_workers(state: AppState, model: str) -> list[str]:
