@@ -16,6 +16,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from api import adapters
 from api.deps import AppState
 from api.ratelimit import charge_tokens
 from shared import keys
@@ -97,9 +98,17 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
     """Everything that can reject a request (model, sampling limits, schema, context length),
     without writing anything. Batch validation runs this for every line first."""
     s = state.settings
+    base, adapter = req.model, None
     cfg = state.models.get(req.model)
     if cfg is None:
-        raise ModelNotFound(f"model {req.model!r} is not served here", param="model")
+        # `model` may name a LoRA adapter: the job runs on its base model's queue with the
+        # adapter's current version pinned in the spec (a later unload or rollback does
+        # not change what this job runs on).
+        found = await adapters.resolve(state, req.model)
+        if found is None:
+            raise ModelNotFound(f"model {req.model!r} is not served here", param="model")
+        base, adapter = found
+        cfg = state.models[base]
     params = resolve_params(req, cfg, s.max_tokens_limit, s.max_stop_sequences)
     backend = select_backend(cfg)
     context = cfg.context_length(backend)
@@ -109,7 +118,7 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
             param="max_tokens")
     messages = [m.model_dump() for m in req.messages] if req.messages is not None else None
     try:
-        n_prompt = await state.counter.count(req.model, cfg, req.prompt, messages)
+        n_prompt = await state.counter.count(base, cfg, req.prompt, messages)
     except Exception as exc:
         raise InvalidRequest(f"could not apply the chat template: {exc}",
                              param="messages") from exc
@@ -118,9 +127,13 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
             f"this model's context is {context} tokens; the prompt has {n_prompt} and "
             f"max_tokens is {params.max_tokens}; shorten the prompt or lower max_tokens",
             param="messages" if messages is not None else "prompt")
-    spec = {"prompt": req.prompt, "messages": messages, "params": params.model_dump()}
+    spec: dict[str, Any] = {"prompt": req.prompt, "messages": messages,
+                            "params": params.model_dump()}
+    if adapter is not None:
+        spec["adapter"] = adapter.model_dump()
+    # `model` stays the base model: workers and the rescue paths route by it.
     fields = {
-        "owner": tenant, "model": req.model, "backend": backend, "priority": req.priority,
+        "owner": tenant, "model": base, "backend": backend, "priority": req.priority,
         "state": "queued", "attempts": "0", "request": req.model_dump_json(exclude_none=True),
         "spec": dumps(spec), "prompt_tokens": str(n_prompt),
     }
@@ -128,7 +141,10 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
         fields["metadata"] = dumps(req.metadata)
         if req.metadata.get("webhook_url"):
             fields["webhook_url"] = req.metadata["webhook_url"]
-    return Prepared(req.model, req.priority, n_prompt, fields, params.max_tokens)
+    if adapter is not None:
+        fields["adapter"] = adapter.name
+        fields["adapter_version"] = str(adapter.id)
+    return Prepared(base, req.priority, n_prompt, fields, params.max_tokens)
 
 
 async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = None,

@@ -14,6 +14,15 @@
     tokenq:api:{uuid}:wake       stream  wakes the API's shared XREAD reader
     tokenq.{model}.{priority}    list    Celery queue (kombu's Redis transport)
 
+LoRA adapters (shared/adapters.py):
+
+    tokenq:adapters              hash    adapter name -> JSON record (base, versions, current,
+                                         status, history); every replica and worker reads it
+    tokenq:adapters:seq          string  INCR: a version id unique across names (vLLM lora_int_id)
+    tokenq:adapters:events       stream  one entry per registry change: wakes the workers' watchers
+    tokenq:adapter:{name}:acks   hash    worker id -> JSON {id, ok, error, seconds, ts}: what
+                                         that worker serves for the name (id 0 = nothing)
+
 OpenAI files and batches, completion webhooks:
 
     tokenq:file:{id}             hash    file object (owner, purpose, filename, bytes, kind)
@@ -139,3 +148,12 @@ WEBHOOK_SEQ = f"{PREFIX}:webhooks:seq"
 
 def webhook(event_id: str) -> str:
     return WEBHOOK_PREFIX + event_id
+
+
+ADAPTERS = f"{PREFIX}:adapters"
+ADAPTER_SEQ = f"{PREFIX}:adapters:seq"
+ADAPTER_EVENTS = f"{PREFIX}:adapters:events"
+
+
+def adapter_acks(name: str) -> str:
+    return f"{PREFIX}:adapter:{name}:acks"

@@ -153,6 +153,9 @@ class JobRecord(BaseModel):
     error: JobErrorInfo | None = None
     cancel_requested: bool = False
     metadata: dict[str, str] | None = None
+    # LoRA adapter the job runs with (`model` is then its base) and its registry version.
+    adapter: str | None = None
+    adapter_version: int | None = None
     request: dict[str, Any]
 
     @classmethod
@@ -179,5 +182,7 @@ class JobRecord(BaseModel):
             error=JobErrorInfo.model_validate_json(h["error"]) if h.get("error") else None,
             cancel_requested=h.get("cancel_requested") == "1",
             metadata=json.loads(h["metadata"]) if h.get("metadata") else None,
+            adapter=h.get("adapter") or None,
+            adapter_version=int(h["adapter_version"]) if h.get("adapter_version") else None,
             request=json.loads(h["request"]),
         )

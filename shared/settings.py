@@ -67,6 +67,13 @@ class ModelConfig(BaseModel):
     # None: eager on CPU (graph capture/compile costs minutes there), vLLM's default on GPU.
     enforce_eager: bool | None = None
     enable_chunked_prefill: bool | None = None  # None: vLLM's default
+    # LoRA adapters (vLLM's names): off by default as in vLLM (the LoRA kernels cost
+    # memory and some speed). max_loras: adapters in one batch; max_lora_rank: the largest
+    # rank accepted; max_cpu_loras: adapters kept loaded (None: vLLM's default).
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
     # sampling defaults
     temperature: float = 0.7
     top_p: float = 0.95
@@ -184,6 +191,9 @@ class Settings(BaseSettings):
     # SIGTERM: stop taking jobs, let running ones finish this long, then hand them back.
     drain_grace_s: float = 30.0
     worker_ttl_s: float = 10.0
+    # How often workers read the LoRA adapter registry (a load/unload/rollback is served
+    # within about this long plus the engine's load time).
+    adapter_poll_s: float = 0.25
 
     # SSE
     sse_ping_s: float = 15.0

@@ -22,12 +22,14 @@ from celery.exceptions import Reject
 from prometheus_client import start_http_server
 
 from shared import keys
+from shared.adapters import AdapterRef
 from shared.celery_app import create_celery, task_message
 from shared.jobs import ACQUIRE, FINISH, HANDBACK, RENEW, REQUEUE, dumps, lease_value
 from shared.metrics import WorkerMetrics
 from shared.schemas import EVENT_CANCELLED, SamplingParams
 from shared.settings import ModelConfig, Settings
 from shared.webhooks import WebhookSender
+from workers.adapters import AdapterWatcher
 from workers.engines.base import Engine, EngineRequest
 from workers.publisher import JobHandle, Publisher
 
@@ -63,6 +65,8 @@ class WorkerRuntime:
         self.metrics_host = ""
         self.celery = create_celery(self.settings)
         self.webhooks = WebhookSender(self.r, self.settings)
+        self.adapters = AdapterWatcher(self.r, self.engine, self.model, self.worker_id,
+                                       self.settings.adapter_poll_s)
         self._heart = threading.Thread(target=self._heartbeat, name="tokenq-heartbeat",
                                        daemon=True)
 
@@ -75,6 +79,7 @@ class WorkerRuntime:
             self.metrics_host = self._metrics_host()
         self.publisher.start()
         self.engine.start(self.publisher.sink)
+        self.adapters.start()
         self._beat()
         self._heart.start()
         self.webhooks.start()
@@ -83,6 +88,7 @@ class WorkerRuntime:
 
     def close(self) -> None:
         self._stop.set()
+        self.adapters.stop()
         self.webhooks.stop()
         self.engine.close()
         self.publisher.stop()
@@ -98,7 +104,7 @@ class WorkerRuntime:
                 "running": st.running, "waiting": st.waiting,
                 "kv_cache_usage": st.kv_cache_usage, "prefix_hit_ratio": st.prefix_hit_ratio,
                 "metrics_port": self.metrics_port, "metrics_host": self.metrics_host,
-                "ts": time.time(), "pid": os.getpid()}
+                "ts": time.time(), "pid": os.getpid(), "adapters": self.adapters.summary()}
         self.r.hset(keys.WORKERS, self.worker_id, dumps(info))
         self.metrics.kv_cache.labels(self.model).set(st.kv_cache_usage)
         self.metrics.prefix_hit.labels(self.model).set(st.prefix_hit_ratio)
@@ -184,7 +190,9 @@ class WorkerRuntime:
             self.engine.submit(EngineRequest(
                 job_id=job_id, attempt=attempt, prompt=spec.get("prompt"),
                 messages=spec.get("messages"), resume_token_ids=token_ids,
-                params=SamplingParams.model_validate(spec["params"])))
+                params=SamplingParams.model_validate(spec["params"]),
+                adapter=AdapterRef.model_validate(spec["adapter"]) if spec.get("adapter")
+                else None))
             cancel_sent = False
             while not handle.done.wait(CANCEL_POLL_S):
                 if not cancel_sent and self._cancel_requested(job_id):

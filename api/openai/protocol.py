@@ -137,7 +137,8 @@ def final_response(endpoint: str, rec: JobRecord) -> dict[str, Any]:
                   "finish_reason": rec.finish_reason or "stop"}
         obj = "text_completion"
     return {"id": response_id(endpoint, rec.id), "object": obj, "created": created,
-            "model": rec.model, "choices": [choice], "usage": u, "system_fingerprint": None}
+            "model": rec.adapter or rec.model, "choices": [choice], "usage": u,
+            "system_fingerprint": None}
 
 def chunk(endpoint: str, job_id: str, model: str, created: int, *, text: str | None = None,
           role: bool = False, finish_reason: str | None = None,

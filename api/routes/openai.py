@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from api import adapters
 from api.deps import StateDep, TenantDep
 from api.openai import serving
 from api.openai.protocol import (
@@ -22,19 +23,32 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 
 @router.get("/models")
 async def list_models(state: StateDep, _tenant: TenantDep) -> dict[str, Any]:
-    return {"object": "list", "data": [
-        {"id": name, "object": "model", "created": 0, "owned_by": "tokenq",
-         "root": name, "parent": None, "max_model_len": cfg.n_ctx}
-        for name, cfg in state.models.items()]}
+    """Base models, then loaded LoRA adapters with their base as `parent` (as vLLM lists
+    them): a client selects an adapter by passing its name as `model`."""
+    data = [_model(name, None, cfg.n_ctx) for name, cfg in state.models.items()]
+    for rec in await adapters.list_records(state.redis):
+        ref, cfg = rec.ref(), state.models.get(rec.base)
+        if ref is not None and cfg is not None:
+            data.append(_model(rec.name, rec.base, cfg.n_ctx, ref.path))
+    return {"object": "list", "data": data}
 
 
 @router.get("/models/{model_id}")
 async def get_model(model_id: str, state: StateDep, _tenant: TenantDep) -> dict[str, Any]:
     cfg = state.models.get(model_id)
-    if cfg is None:
+    if cfg is not None:
+        return _model(model_id, None, cfg.n_ctx)
+    found = await adapters.resolve(state, model_id)
+    if found is None:
         raise ModelNotFound(f"model {model_id!r} is not served here", param="model")
-    return {"id": model_id, "object": "model", "created": 0, "owned_by": "tokenq",
-            "root": model_id, "parent": None, "max_model_len": cfg.n_ctx}
+    base, ref = found
+    return _model(model_id, base, state.models[base].n_ctx, ref.path)
+
+
+def _model(name: str, parent: str | None, n_ctx: int, root: str | None = None
+           ) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "tokenq",
+            "root": root or name, "parent": parent, "max_model_len": n_ctx}
 
 
 @router.post("/chat/completions", response_model=None)

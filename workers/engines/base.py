@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from shared.adapters import AdapterRef
 from shared.schemas import SamplingParams
 
 EndReason = Literal["stop", "length", "cancelled", "error"]
@@ -26,6 +27,8 @@ class EngineRequest:
     messages: list[dict[str, Any]] | None = None
     # Tokens already streamed by an earlier attempt (resume without gap or duplicate).
     resume_token_ids: list[int] = field(default_factory=list)
+    # LoRA adapter version pinned when the job was submitted; None = the base model.
+    adapter: AdapterRef | None = None
 
 
 @dataclass(slots=True)
@@ -90,6 +93,15 @@ class Engine(Protocol):
 
     def healthy(self) -> bool:
         """False once the engine loop has died; its jobs will never finish here."""
+
+    def load_adapter(self, ref: AdapterRef) -> int | None:
+        """Load this LoRA version now (blocking) so jobs naming it start without a load;
+        returns its rank when the engine knows it. Raises when it cannot be loaded.
+        A job naming a version that is not loaded loads it on admission."""
+
+    def unload_adapter(self, ref: AdapterRef) -> None:
+        """No new job will get this version from the registry: free it as soon as no job
+        in flight uses it."""
 
     def close(self) -> None:
         """Stop the loop and free the model."""

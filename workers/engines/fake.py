@@ -10,6 +10,10 @@ Prompt markers steer it (only for tests; a real model has no such switches):
   [[crash]]      SIGKILL this worker process when the job is admitted (poison job)
   [[pad=N]]      pad each token's text to N bytes (to fill a slow client's buffers)
   [[stall=S]]    stop emitting for S seconds after the first token (a hung step)
+
+A job with a LoRA adapter gets `[name@version]` before its first token's text, so
+tests of the adapter registry can see which version a job ran on; loading an
+adapter only checks that its path exists.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from shared.adapters import AdapterRef
 from shared.settings import ModelConfig
 from workers.engines.base import (
     EngineRequest,
@@ -102,6 +107,14 @@ class FakeEngine:
     def healthy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def load_adapter(self, ref: AdapterRef) -> int | None:
+        if not os.path.exists(ref.path):
+            raise FileNotFoundError(f"no adapter at {ref.path}")
+        return None
+
+    def unload_adapter(self, ref: AdapterRef) -> None:
+        pass
+
     def close(self) -> None:
         self._stop.set()
         self._inbox.put(("stop", None))
@@ -176,7 +189,11 @@ class FakeEngine:
             if job.stall_until > now:
                 continue
             i = job.next_index
-            out.tokens.append(TokenDelta(job_id, job.req.attempt, i, token_text(i, job.pad), i))
+            text = token_text(i, job.pad)
+            ad = job.req.adapter
+            if i == 0 and ad is not None:
+                text = f"[{ad.name}@{ad.id}]{text}"
+            out.tokens.append(TokenDelta(job_id, job.req.attempt, i, text, i))
             job.next_index += 1
             if i == 0 and job.stall_s:
                 job.stall_until = now + job.stall_s

@@ -1,6 +1,7 @@
 """llama.cpp engine: continuous batching over one llama_batch, one sequence id per job.
 
-The only module that imports llama_cpp, with its sampling helper (llamacpp_sampling.py).
+The only module that imports llama_cpp, with its helpers: llamacpp_vocab.py (backend
+start-up, tokenizer), llamacpp_sampling.py and llamacpp_lora.py (adapters).
 One context with n_seq_max = slots (each sequence gets n_ctx / slots cells, as in
 llama-server). Every step:
 1. take new jobs and cancels from the inbox (a job joins at the next step) and
@@ -13,22 +14,26 @@ llama-server). Every step:
    seeded dist);
 4. hand the sink one StepOutput; a finished job's slot keeps its KV cells
    for the next job with the same prefix.
+
+LoRA adapters apply per context, so each step runs one adapter group (the jobs
+with the same adapter version, or none) and groups take turns between steps;
+see llamacpp_lora.py. Cached prefixes are reused only within the same version.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import queue
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import llama_cpp as ll
 
-from shared.chat import render_chat
+from shared.adapters import AdapterRef
 from shared.settings import ModelConfig
 from workers.engines.base import (
     EndReason,
@@ -40,93 +45,13 @@ from workers.engines.base import (
     TokenDelta,
 )
 from workers.engines.detok import Released, TextStream
+from workers.engines.llamacpp_lora import BASE, LoraSet, pick_group
 from workers.engines.llamacpp_sampling import Sampler
+from workers.engines.llamacpp_vocab import Vocab
+
+__all__ = ["LlamaCppEngine", "Vocab"]
 
 log = logging.getLogger(__name__)
-
-
-@ll.llama_log_callback  # type: ignore[untyped-decorator]
-def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # noqa: ARG001
-    if level == 4:  # GGML_LOG_LEVEL_ERROR
-        log.error("llama.cpp: %s", text.decode(errors="replace").rstrip())
-
-
-_backend_lock = threading.Lock()
-_backend_ready = False
-
-
-def _init_backend() -> None:
-    global _backend_ready
-    with _backend_lock:
-        if not _backend_ready:
-            ll.llama_log_set(_quiet_log, ctypes.c_void_p(0))  # module-level ref keeps it alive
-            ll.llama_backend_init()
-            _backend_ready = True
-
-
-class Vocab:
-    """Tokenizer and chat template of a GGUF; `vocab_only` loads no weights (for the API)."""
-
-    def __init__(self, path: Path, cfg: ModelConfig, *, vocab_only: bool, n_gpu_layers: int = 0):
-        _init_backend()
-        params = ll.llama_model_default_params()
-        params.vocab_only = vocab_only
-        params.n_gpu_layers = n_gpu_layers
-        model = ll.llama_model_load_from_file(str(path).encode(), params)
-        if not model:
-            raise RuntimeError(f"llama.cpp could not load {path}")
-        self.model = model
-        self.vocab = ll.llama_model_get_vocab(model)
-        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
-        self._pieces: dict[int, bytes] = {}
-        tmpl = ll.llama_model_chat_template(model, None)
-        self.chat_template = cfg.chat_template or (tmpl.decode() if tmpl else None)
-        self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
-        self.bos_text = self._text(ll.llama_vocab_bos(self.vocab))
-        self.eos_text = self._text(ll.llama_vocab_eos(self.vocab))
-
-    def _text(self, tok: int) -> str:
-        if tok < 0:
-            return ""
-        raw = ll.llama_vocab_get_text(self.vocab, tok)
-        return raw.decode(errors="replace") if raw else ""
-
-    def render(self, prompt: str | None, messages: list[dict[str, Any]] | None) -> str:
-        if messages is None:
-            return prompt or ""
-        return render_chat(self.chat_template, messages, self.bos_text, self.eos_text)
-
-    def tokenize(self, text: str) -> list[int]:
-        data = text.encode()
-        # A template that writes the BOS text itself must not get a second BOS.
-        add_special = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
-        buf = (ll.llama_token * (len(data) + 8))()
-        n = ll.llama_tokenize(self.vocab, data, len(data), buf, len(buf), add_special, True)
-        if n < 0:
-            buf = (ll.llama_token * (-n))()
-            n = ll.llama_tokenize(self.vocab, data, len(data), buf, len(buf), add_special, True)
-        return list(buf[:n])
-
-    def piece(self, tok: int) -> bytes:
-        """A token's bytes (cached: this runs for every generated token)."""
-        cached = self._pieces.get(tok)
-        if cached is not None:
-            return cached
-        buf = ctypes.create_string_buffer(64)
-        n = ll.llama_token_to_piece(self.vocab, tok, buf, 64, 0, False)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = ll.llama_token_to_piece(self.vocab, tok, buf, -n, 0, False)
-        self._pieces[tok] = buf.raw[:n]
-        return self._pieces[tok]
-
-    def is_eog(self, tok: int) -> bool:
-        return bool(ll.llama_vocab_is_eog(self.vocab, tok))
-
-    def close(self) -> None:
-        if self.model:
-            ll.llama_model_free(self.model)
-            self.model = None
 
 
 @dataclass(eq=False)
@@ -141,6 +66,7 @@ class _Seq:
     generated: int = 0
     emitted: int = 0
     history: list[int] = field(default_factory=list)
+    group: int = BASE  # LoRA version id the job's KV is computed with
 
     @property
     def prefilling(self) -> bool:
@@ -159,7 +85,9 @@ class LlamaCppEngine:
         self._waiting: list[EngineRequest] = []
         self._active: dict[int, _Seq] = {}
         self._free_ids = list(range(self.slots))
-        self._cached: dict[int, list[int]] = {}  # tokens whose KV a free slot still holds
+        # (adapter version, tokens) whose KV a free slot still holds
+        self._cached: dict[int, tuple[int, list[int]]] = {}
+        self._last_group: int | None = None
         self.prompt_tokens_total = 0
         self.prefix_reused_tokens = 0
         self._thread: threading.Thread | None = None
@@ -187,6 +115,7 @@ class LlamaCppEngine:
         self.ctx = ctx
         self.mem = ll.llama_get_memory(ctx)
         self.batch = ll.llama_batch_init(self.cfg.n_batch, 0, 1)
+        self.lora = LoraSet(self.vocab.model, ctx)
         self._thread = threading.Thread(target=self._loop, name="llama-engine", daemon=True)
         self._thread.start()
 
@@ -195,6 +124,15 @@ class LlamaCppEngine:
 
     def cancel(self, job_id: str) -> None:
         self._inbox.put(("cancel", job_id))
+
+    def load_adapter(self, ref: AdapterRef) -> int | None:
+        fut: Future[None] = Future()
+        self._inbox.put(("lora_load", (ref, fut)))
+        fut.result(timeout=120)
+        return None  # a GGUF LoRA does not record its rank
+
+    def unload_adapter(self, ref: AdapterRef) -> None:
+        self._inbox.put(("lora_unload", ref))
 
     def stats(self) -> EngineStats:
         used = sum(s.n_past for s in list(self._active.values()))
@@ -212,6 +150,7 @@ class LlamaCppEngine:
         if self._thread:
             self._thread.join(timeout=10)
         if getattr(self, "ctx", None):
+            self.lora.close()
             ll.llama_batch_free(self.batch)
             ll.llama_free(self.ctx)
             self.ctx = None
@@ -245,6 +184,15 @@ class LlamaCppEngine:
                 self._waiting.append(arg)
             elif kind == "cancel":
                 self._cancel(arg, out)
+            elif kind == "lora_load":
+                ref, fut = arg
+                try:
+                    self.lora.want(ref)
+                    fut.set_result(None)
+                except Exception as exc:
+                    fut.set_exception(exc)
+            elif kind == "lora_unload":
+                self.lora.unwant(arg.id)
             try:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
@@ -266,9 +214,17 @@ class LlamaCppEngine:
             req = self._waiting.pop(0)
             try:
                 prompt = self.vocab.tokenize(self.vocab.render(req.prompt, req.messages))
+                group = self.lora.acquire(req.adapter)
+            except Exception as exc:
+                log.exception("job %s: adapter could not be loaded", req.job_id)
+                out.finished.append(Finished(req.job_id, req.attempt, "error", 0, 0,
+                                             "adapter_load_failed", str(exc)))
+                continue
+            try:
                 sampler = Sampler(self.vocab.vocab, self.vocab.n_vocab, req.params)
                 sampler.replay(req.resume_token_ids)
             except Exception as exc:
+                self.lora.release(group)
                 log.exception("job %s: could not be admitted", req.job_id)
                 out.finished.append(Finished(req.job_id, req.attempt, "error", 0, 0,
                                              "bad_request", f"could not prepare the job: {exc}"))
@@ -276,6 +232,7 @@ class LlamaCppEngine:
             tokens = prompt + req.resume_token_ids
             if len(tokens) + 1 > self.n_ctx_seq:
                 sampler.free()
+                self.lora.release(group)
                 resumed = len(req.resume_token_ids)
                 out.finished.append(  # a takeover at the context's end just ends the job
                     Finished(req.job_id, req.attempt, "length", len(prompt), resumed)
@@ -284,7 +241,7 @@ class LlamaCppEngine:
                         "context_length_exceeded", f"prompt has {len(prompt)} tokens; this "
                         f"worker's context is {self.n_ctx_seq}"))
                 continue
-            seq_id, reused = self._take_slot(tokens)
+            seq_id, reused = self._take_slot(tokens, group)
             self.prompt_tokens_total += len(tokens)
             self.prefix_reused_tokens += reused
             self._active[seq_id] = _Seq(
@@ -293,17 +250,20 @@ class LlamaCppEngine:
                 sampler=sampler, text=TextStream(req.params.stop,
                                                             next_index=len(req.resume_token_ids)),
                 generated=len(req.resume_token_ids),
-                emitted=len(req.resume_token_ids), history=list(tokens),
+                emitted=len(req.resume_token_ids), history=list(tokens), group=group,
             )
 
-    def _take_slot(self, tokens: list[int]) -> tuple[int, int]:
+    def _take_slot(self, tokens: list[int], group: int) -> tuple[int, int]:
         """The free slot whose cached KV shares the longest prefix with `tokens`, and how many
         of its cells are kept (llama-server's prompt cache: a post-call template or a long
-        system prompt is prefilled once per slot, not once per job)."""
+        system prompt is prefilled once per slot, not once per job). Only cells computed
+        with the same adapter version count: another adapter's KV is different KV."""
         best, best_len = self._free_ids[0], 0
         if self.cfg.prefix_cache:
             for sid in self._free_ids:
-                cached = self._cached.get(sid, [])
+                cached_group, cached = self._cached.get(sid, (BASE, []))
+                if cached_group != group:
+                    continue
                 n = 0
                 for a, b in zip(cached, tokens, strict=False):
                     if a != b:
@@ -322,9 +282,14 @@ class LlamaCppEngine:
     def _step(self, out: StepOutput) -> None:
         batch, n = self.batch, 0
         rows: list[tuple[_Seq, int]] = []
+        # One adapter group per step (adapters apply to the whole context); groups rotate.
+        group = pick_group((s.group for s in self._active.values()), self._last_group)
+        self._last_group = group
+        self.lora.apply(group)
         # Decoders first: one token each keeps every stream moving every step. Prompts
         # (oldest first) share what the prefill budget leaves.
-        order = sorted(self._active.values(), key=lambda s: s.prefilling)
+        order = sorted((s for s in self._active.values() if s.group == group),
+                       key=lambda s: s.prefilling)
         decoding = sum(1 for s in order if not s.prefilling)
         budget = self.cfg.n_batch if decoding == 0 else decoding + max(
             self.cfg.prefill_min_chunk, int(decoding * self.cfg.prefill_ratio))
@@ -384,7 +349,8 @@ class LlamaCppEngine:
         if reason == "error":  # the KV may be inconsistent after a failed decode
             ll.llama_memory_seq_rm(self.mem, seq.seq_id, -1, -1)
         else:  # keep the cells for prefix reuse; positions [0, n_past) are valid
-            self._cached[seq.seq_id] = seq.history[:seq.n_past]
+            self._cached[seq.seq_id] = (seq.group, seq.history[:seq.n_past])
         seq.sampler.free()
+        self.lora.release(seq.group)
         del self._active[seq.seq_id]
         self._free_ids.append(seq.seq_id)

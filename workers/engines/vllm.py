@@ -14,6 +14,13 @@ text on a later token. Each step's text delta is attributed to the step's last
 token id. The deltas of every job woken by one engine step are flushed to the
 sink as one StepOutput (one Redis pipeline per step).
 
+LoRA (enable_lora): each job with an adapter carries a LoRARequest whose
+lora_int_id is the registry's version id (unique across names and versions, so a
+new version is never served from vLLM's cache of an old one). Adapters are added
+with AsyncLLM.add_lora when the registry loads them and removed with remove_lora
+once unloaded and no job in flight uses them; vLLM batches jobs of different
+adapters together (up to max_loras per batch).
+
 Engine death (EngineDeadError, or the engine core process gone) emits nothing
 for the jobs in flight: healthy() turns False and the worker hands them back
 for another attempt (workers/tasks.py), which continues their streams.
@@ -22,6 +29,7 @@ for another attempt (workers/tasks.py), which continues their streams.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import threading
@@ -30,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared.adapters import AdapterRef
 from shared.chat import render_chat
 from shared.models import has_nvidia_gpu
 from shared.settings import ModelConfig
@@ -105,6 +114,8 @@ class VllmEngine:
         self._stats = _Stats()
         self._sink: Sink | None = None
         self.llm: Any = None
+        self._lora_users: dict[int, int] = {}  # version id -> jobs in flight using it
+        self._lora_wanted: set[int] = set()  # versions the registry serves
 
     # -- public interface (any thread) -------------------------------------------------
     def start(self, sink: Sink) -> None:
@@ -136,6 +147,28 @@ class VllmEngine:
                 task.cancel()
 
         self._loop.call_soon_threadsafe(_cancel)
+
+    def load_adapter(self, ref: AdapterRef) -> int | None:
+        if not self.cfg.enable_lora:
+            raise RuntimeError("this model's vLLM engine runs without LoRA: set enable_lora "
+                               "(and max_lora_rank) in its model config")
+        config = Path(ref.path) / "adapter_config.json"
+        if not config.is_file():
+            raise FileNotFoundError(f"{ref.path} is not a PEFT adapter folder "
+                                    "(no adapter_config.json)")
+        rank = int(json.loads(config.read_text()).get("r", 0)) or None
+        if rank is not None and rank > self.cfg.max_lora_rank:
+            raise ValueError(f"adapter rank {rank} is over this engine's max_lora_rank "
+                             f"{self.cfg.max_lora_rank}")
+        self._call(self._add_lora(ref)).result(timeout=120)
+        return rank
+
+    def unload_adapter(self, ref: AdapterRef) -> None:
+        def _unwant() -> None:
+            self._lora_wanted.discard(ref.id)
+            self._maybe_remove(ref.id)
+
+        self._loop.call_soon_threadsafe(_unwant)
 
     def stats(self) -> EngineStats:
         s = self._stats
@@ -189,6 +222,8 @@ class VllmEngine:
             enforce_eager=c.enforce_eager if c.enforce_eager is not None else not has_nvidia_gpu(),
             enable_chunked_prefill=c.enable_chunked_prefill,
             disable_log_stats=False, enable_log_requests=False,
+            **({"enable_lora": True, "max_loras": c.max_loras, "max_lora_rank": c.max_lora_rank,
+                "max_cpu_loras": c.max_cpu_loras} if c.enable_lora else {}),
         )
         self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger(self._stats)])
 
@@ -199,6 +234,25 @@ class VllmEngine:
             await asyncio.wait(list(self._tasks.values()), timeout=5)
         llm, self.llm = self.llm, None
         llm.shutdown()  # here, not in AsyncLLM.__del__ at interpreter exit (too late)
+
+    @staticmethod
+    def _lora_request(ref: AdapterRef) -> Any:
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(lora_name=ref.name, lora_int_id=ref.id, lora_path=ref.path)
+
+    async def _add_lora(self, ref: AdapterRef) -> None:
+        if not await self.llm.add_lora(self._lora_request(ref)):
+            raise RuntimeError(f"vLLM could not load the adapter at {ref.path}")
+        self._lora_wanted.add(ref.id)
+
+    def _maybe_remove(self, vid: int) -> None:
+        """Free a version neither the registry nor a job in flight uses (vLLM would keep it
+        in its LRU cache otherwise, holding memory and a max_cpu_loras slot)."""
+        if vid in self._lora_wanted or self._lora_users.get(vid, 0) > 0 or self.llm is None:
+            return
+        self._lora_users.pop(vid, None)
+        self._loop.create_task(self.llm.remove_lora(vid))
 
     def _spawn(self, req: EngineRequest) -> None:
         self._tasks[req.job_id] = self._loop.create_task(self._run(req))
@@ -249,6 +303,7 @@ class VllmEngine:
         resumed = len(req.resume_token_ids)
         n_prompt, emitted = 0, resumed
         stream = TextStream(req.params.stop, next_index=resumed)
+        lora_counted = False
 
         def deltas(released: list[Released]) -> list[TokenDelta]:
             return [TokenDelta(job, attempt, r.index, r.text, r.token_id) for r in released]
@@ -271,9 +326,14 @@ class VllmEngine:
             budget = min(req.params.max_tokens - resumed, self.max_model_len - len(ids))
             if budget <= 0:
                 return end("length")
+            if req.adapter is not None:
+                self._lora_users[req.adapter.id] = self._lora_users.get(req.adapter.id, 0) + 1
+                lora_counted = True
             gen = self.llm.generate(TokensPrompt(prompt_token_ids=ids),
                                     self._sampling(req, budget),
-                                    request_id=f"{job}:{attempt}")
+                                    request_id=f"{job}:{attempt}",
+                                    lora_request=(self._lora_request(req.adapter)
+                                                  if req.adapter is not None else None))
             try:
                 async for out in gen:
                     c = out.outputs[0]
@@ -314,4 +374,7 @@ class VllmEngine:
                        f"{type(exc).__name__}: {exc}")
         finally:
             self._tasks.pop(job, None)
+            if lora_counted and req.adapter is not None:
+                self._lora_users[req.adapter.id] -= 1
+                self._maybe_remove(req.adapter.id)
         return None

@@ -1,0 +1,62 @@
+"""LoRA adapter admin routes (admin key): load, unload, list, rollback (logic: api/adapters)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from api import adapters
+from api.deps import AdminDep, StateDep
+from shared.adapters import NAME_PATTERN
+from shared.errors import NotFound
+
+router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
+
+# How long a route waits for the base model's workers to confirm (they poll every ~0.25 s).
+WAIT_S = 30.0
+
+
+class LoadAdapter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN)
+    model: str = Field(min_length=1)  # the base model
+    # On the workers' filesystem: a GGUF LoRA file (llama.cpp) or a PEFT folder (vLLM).
+    path: str = Field(min_length=1, max_length=4096)
+    wait_s: float = Field(default=WAIT_S, ge=0, le=120)
+
+
+@router.post("")
+async def load_adapter(body: LoadAdapter, state: StateDep, _admin: AdminDep) -> dict[str, Any]:
+    """Load `path` as the new current version of `name` (a new name or a new version)."""
+    return await adapters.load(state, body.name, body.model, body.path, body.wait_s)
+
+
+@router.get("")
+async def list_adapters(state: StateDep, _admin: AdminDep) -> dict[str, Any]:
+    return {"object": "list",
+            "data": [rec.public() for rec in await adapters.list_records(state.redis)]}
+
+
+@router.get("/{name}")
+async def get_adapter(name: str, state: StateDep, _admin: AdminDep) -> dict[str, Any]:
+    rec = await adapters.get_record(state.redis, name)
+    if rec is None:
+        raise NotFound(f"no adapter {name!r}", param="name")
+    return rec.public()
+
+
+@router.delete("/{name}")
+async def unload_adapter(name: str, state: StateDep, _admin: AdminDep,
+                         wait_s: float = Query(WAIT_S, ge=0, le=120)) -> dict[str, Any]:
+    """New jobs can no longer name it; jobs in flight finish on it, then workers free it."""
+    return await adapters.unload(state, name, wait_s)
+
+
+@router.post("/{name}/rollback")
+async def rollback_adapter(name: str, state: StateDep, _admin: AdminDep,
+                           wait_s: float = Query(WAIT_S, ge=0, le=120)) -> dict[str, Any]:
+    """Undo the last load or unload of `name` (back to the previous version)."""
+    return await adapters.rollback(state, name, wait_s)
