@@ -204,6 +204,8 @@ class BatchDriver:
         async for n, raw in files.iter_lines(self.state, h["input_file_id"]):
             if n <= cursor:
                 continue
+            # Checked (and tokenised) a second time on purpose: keeping the validation pass's
+            # results would hold every line in memory, which is what this driver avoids.
             custom_id, prepared = await self._check_line(h, raw)
             extra = {"endpoint": h["endpoint"], "batch": batch_id, "custom_id": custom_id,
                      "ttl": str(s.file_ttl_s)}
