@@ -168,6 +168,7 @@ for i = 3, #ARGV, 3 do
   end
 end
 redis.call('HSET', KEYS[1], 'n_tokens', n)
+if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then return 2 end
 return 1
 """
 

@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -41,8 +42,14 @@ class JobHandle:
 
 
 class Publisher:
-    def __init__(self, r: redis.Redis, settings: Settings):
+    def __init__(self, r: redis.Redis, settings: Settings,
+                 on_cancel: Callable[[str], None] | None = None):
         self._r = r
+        # APPEND answers 2 when the job's cancel was requested: the engine hears of it
+        # within one step, with no extra round trip (the task threads' poll is the fallback
+        # for jobs that are not producing tokens, e.g. in a long prefill).
+        self._on_cancel = on_cancel
+        self._cancelled: set[str] = set()  # told the engine once (publisher thread only)
         self._settings = settings
         self._append = r.register_script(APPEND)
         self._finish = r.register_script(FINISH)
@@ -77,6 +84,7 @@ class Publisher:
     def untrack(self, job_id: str) -> None:
         with self._lock:
             self._handles.pop(job_id, None)
+        self._cancelled.discard(job_id)
 
     def tracked(self) -> list[JobHandle]:
         with self._lock:
@@ -173,6 +181,9 @@ class Publisher:
         for (job_id, _), ok in zip(appended, results, strict=False):
             if not ok:
                 log.warning("job %s: token write fenced off (newer attempt or job ended)", job_id)
+            elif ok == 2 and self._on_cancel is not None and job_id not in self._cancelled:
+                self._cancelled.add(job_id)
+                self._on_cancel(job_id)
         for f, ok in zip(step.finished, results[len(appended):], strict=True):
             handle = self._handles.get(f.job_id)
             if handle is not None and handle.attempt == f.attempt:

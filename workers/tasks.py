@@ -53,7 +53,7 @@ class WorkerRuntime:
     engine_dead: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
-        self.publisher = Publisher(self.r, self.settings)
+        self.publisher = Publisher(self.r, self.settings, on_cancel=self.engine.cancel)
         self._acquire = self.r.register_script(ACQUIRE)
         self._renew = self.r.register_script(RENEW)
         self._finish = self.r.register_script(FINISH)

@@ -128,6 +128,10 @@ def test_cancel_queued_then_running(r: redis.Redis) -> None:
     acquire(r)
     assert r.eval(CANCEL, 2, keys.job(JOB), keys.job_events(JOB), 1, 1000, 60) == "running"
     assert r.hget(keys.job(JOB), "cancel_requested") == "1"
+    # The worker's next token write still lands, and answers 2: "stop this job now".
+    step = [dumps({"text": "a", "index": 0}), 1, 0]
+    assert r.eval(APPEND, 3, *K3, 1, 1000, *step) == 2
+    assert events(r)[-1] == "token"
 
 
 def test_renew_only_own_lease(r: redis.Redis) -> None:
@@ -172,3 +176,30 @@ def test_running_index_and_requeue_after_lease_expiry(r: redis.Redis) -> None:
     assert r.zrange(keys.RUNNING, 0, -1) == [keys.job(JOB)]
     assert finish(r, 2) == 1
     assert r.zrange(keys.RUNNING, 0, -1) == []
+
+
+def test_publisher_tells_the_engine_of_a_cancel_within_one_step(r: redis.Redis) -> None:
+    """A cancel requested while the job streams reaches the engine on the next token
+    write (no poll interval), once, however many steps are still in flight."""
+    from shared.settings import Settings
+    from workers.engines.base import StepOutput, TokenDelta
+    from workers.publisher import Publisher
+
+    create(r)
+    acquire(r)
+    told: list[str] = []
+    pub = Publisher(r, Settings(), on_cancel=told.append)
+    pub.start()
+    try:
+        pub.track(JOB, 1)
+        pub.sink(StepOutput([TokenDelta(JOB, 1, 0, "a", 1)], []))
+        r.eval(CANCEL, 2, keys.job(JOB), keys.job_events(JOB), 1, 1000, 60)
+        for i in (1, 2):
+            pub.sink(StepOutput([TokenDelta(JOB, 1, i, "b", 2)], []))
+        deadline = time.monotonic() + 5
+        while r.hget(keys.job(JOB), "n_tokens") != "3":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        pub.stop()
+    assert told == [JOB]
