@@ -8,7 +8,8 @@ Every transition is one Lua script, so it is atomic in Redis:
     append   (worker)  token events, only while `attempts` still equals the writer's attempt
     finish   (worker)  running -> succeeded|failed|cancelled with its terminal event, once
     cancel   (api)     queued -> cancelled at once; running -> cancel_requested=1
-    renew    (worker)  extend the lease only while it is still ours
+    renew    (worker)  extend the lease only while it is still ours (retake it if it
+                       expired and no newer attempt took the job)
     requeue  (worker)  a running job whose lease expired goes back on its queue (takeover)
     handback (worker)  a draining worker puts its running job back (same takeover path)
 
@@ -245,6 +246,28 @@ return 1
 RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# KEYS: lease, job; ARGV: our lease value, ttl ms, our attempt. A job lease is renewed
+# while it is ours, and taken back if it expired while this worker was stalled (a GC
+# pause, a frozen VM: seen here for 8 s under load) as long as no newer attempt took the
+# job and it has not ended. Once a takeover's ACQUIRE bumped `attempts`, it is lost for
+# good and the worker aborts its attempt; a requeued message that meets the taken-back
+# lease drops itself (ACQUIRE: busy). A handed-back job is never renewed (the worker
+# stops renewing it before HANDBACK deletes the lease).
+RENEW_JOB = """
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if cur then return 0 end
+if redis.call('HGET', KEYS[2], 'state') == 'running'
+   and redis.call('HGET', KEYS[2], 'attempts') == ARGV[3] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return 1
 end
 return 0

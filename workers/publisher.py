@@ -39,6 +39,7 @@ class JobHandle:
     first_token_at: float | None = None
     usage: tuple[int, int] = (0, 0)  # prompt, completion tokens, set when the job ends
     resumed: int = 0  # tokens an earlier attempt streamed (a takeover continues after them)
+    released: bool = False  # handed back: its lease is no longer renewed
 
 
 class Publisher:

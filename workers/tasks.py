@@ -24,7 +24,7 @@ from prometheus_client import start_http_server
 from shared import keys
 from shared.adapters import AdapterRef
 from shared.celery_app import create_celery, task_message
-from shared.jobs import ACQUIRE, FINISH, HANDBACK, RENEW, REQUEUE, dumps, lease_value
+from shared.jobs import ACQUIRE, FINISH, HANDBACK, RENEW_JOB, REQUEUE, dumps, lease_value
 from shared.metrics import WorkerMetrics
 from shared.schemas import EVENT_CANCELLED, SamplingParams
 from shared.settings import ModelConfig, Settings
@@ -55,7 +55,7 @@ class WorkerRuntime:
     def __post_init__(self) -> None:
         self.publisher = Publisher(self.r, self.settings, on_cancel=self.engine.cancel)
         self._acquire = self.r.register_script(ACQUIRE)
-        self._renew = self.r.register_script(RENEW)
+        self._renew = self.r.register_script(RENEW_JOB)
         self._finish = self.r.register_script(FINISH)
         self._requeue = self.r.register_script(REQUEUE)
         self._handback = self.r.register_script(HANDBACK)
@@ -125,29 +125,41 @@ class WorkerRuntime:
             return socket.gethostname()
 
     def _heartbeat(self) -> None:
-        ttl_ms = int(self.settings.lease_ttl_s * 1000)
         next_reconcile = time.monotonic()
+        last = time.monotonic()
         while not self._stop.wait(self.settings.heartbeat_s):
+            now = time.monotonic()
+            if now - last > self.settings.lease_ttl_s / 2:
+                log.warning("heartbeat %.1f s late (process or machine stalled); leases may "
+                            "have expired", now - last - self.settings.heartbeat_s)
+            last = now
             if not self.engine.healthy():
                 self._engine_died()
                 return
             try:
+                # Leases first: after a stall, this worker's own reconcile must not find its
+                # own jobs' leases expired and hand them to another attempt.
+                self._renew_leases()
                 self._beat()
                 if time.monotonic() >= next_reconcile:
                     self.reconcile()
                     next_reconcile = time.monotonic() + self.settings.reconcile_s
-                handles = self.publisher.tracked()
-                pipe = self.r.pipeline(transaction=False)
-                for h in handles:
-                    self._renew(keys=[keys.job_lease(h.job_id)],
-                                args=[lease_value(self.worker_id, h.attempt), ttl_ms], client=pipe)
-                for h, ok in zip(handles, pipe.execute(), strict=True):
-                    if not ok and not h.done.is_set():
-                        log.warning("job %s: lease lost; aborting attempt %d", h.job_id, h.attempt)
-                        h.outcome = "fenced"
-                        self.engine.cancel(h.job_id)
             except redis.RedisError:
                 log.exception("heartbeat failed")
+
+    def _renew_leases(self) -> None:
+        ttl_ms = int(self.settings.lease_ttl_s * 1000)
+        handles = [h for h in self.publisher.tracked() if not h.released]
+        pipe = self.r.pipeline(transaction=False)
+        for h in handles:
+            self._renew(keys=[keys.job_lease(h.job_id), keys.job(h.job_id)],
+                        args=[lease_value(self.worker_id, h.attempt), ttl_ms, h.attempt],
+                        client=pipe)
+        for h, ok in zip(handles, pipe.execute(), strict=True):
+            if not ok and not h.done.is_set():
+                log.warning("job %s: lease lost; aborting attempt %d", h.job_id, h.attempt)
+                h.outcome = "fenced"
+                self.engine.cancel(h.job_id)
 
     def _engine_died(self) -> None:
         """The engine cannot serve again: leave /ready at once (no more heartbeats), let the
@@ -318,6 +330,7 @@ class WorkerRuntime:
         handle = next((h for h in self.publisher.tracked() if h.job_id == job_id), None)
         if handle is None:
             return
+        handle.released = True  # the heartbeat stops renewing its lease
         self.publisher.drop(job_id, attempt)  # nothing more is written for this attempt
         self.engine.cancel(job_id)
         if self.engine.healthy():  # a dead engine writes nothing more

@@ -9,7 +9,17 @@ from typing import Any
 import redis
 
 from shared import keys
-from shared.jobs import ACQUIRE, APPEND, CANCEL, CREATE, FINISH, RENEW, REQUEUE, dumps
+from shared.jobs import (
+    ACQUIRE,
+    APPEND,
+    CANCEL,
+    CREATE,
+    FINISH,
+    RENEW,
+    RENEW_JOB,
+    REQUEUE,
+    dumps,
+)
 
 JOB = "job_t1"
 K3 = [keys.job(JOB), keys.job_events(JOB), keys.job_lease(JOB)]
@@ -140,6 +150,37 @@ def test_renew_only_own_lease(r: redis.Redis) -> None:
     assert r.eval(RENEW, 1, keys.job_lease(JOB), "w1|1", 90000) == 1
     assert r.pttl(keys.job_lease(JOB)) > 60000
     assert r.eval(RENEW, 1, keys.job_lease(JOB), "w2|1", 90000) == 0
+
+
+def renew_job(r: redis.Redis, worker: str, attempt: int) -> int:
+    return int(r.eval(RENEW_JOB, 2, keys.job_lease(JOB), keys.job(JOB), f"{worker}|{attempt}",
+                      90000, attempt))
+
+
+def test_job_lease_expired_during_a_stall_is_taken_back_only_while_still_ours(
+        r: redis.Redis) -> None:
+    """A worker frozen past its lease (GC pause, stalled VM) keeps its job if no takeover
+    happened meanwhile; once a newer attempt took it, or it ended, the lease stays lost."""
+    create(r)
+    r.delete("q")
+    acquire(r, "w1")
+    assert renew_job(r, "w1", 1) == 1 and r.pttl(keys.job_lease(JOB)) > 60000
+    assert renew_job(r, "w2", 1) == 0  # not w2's
+    r.delete(keys.job_lease(JOB))  # expired while w1 was stalled
+    assert renew_job(r, "w1", 1) == 1
+    assert r.get(keys.job_lease(JOB)) == "w1|1"
+    assert requeue(r) == 0  # the reconcile that runs next finds a live lease
+    r.delete(keys.job_lease(JOB))  # stalled again, and this time ...
+    assert requeue(r) == 1  # ... a reconciler re-enqueued it
+    assert renew_job(r, "w1", 1) == 1  # before the copy was taken: w1 keeps it
+    assert acquire(r, "w2")[0] == "busy"  # the copy drops itself
+    r.delete(keys.job_lease(JOB))
+    assert acquire(r, "w2")[:2] == ["ok", 2]  # a takeover happened
+    r.delete(keys.job_lease(JOB))
+    assert renew_job(r, "w1", 1) == 0  # the old attempt cannot take it back
+    assert finish(r, 2) == 1
+    assert renew_job(r, "w2", 2) == 0  # ended: nothing to renew
+    assert not r.exists(keys.job_lease(JOB))
 
 
 def requeue(r: redis.Redis) -> int:
