@@ -82,16 +82,23 @@ def test_job_streams_to_done(vclient: httpx.Client) -> None:
 
 def test_cancel_mid_stream_aborts_in_the_engine(vclient: httpx.Client,
                                                 vredis: redis.Redis) -> None:
-    job_id = post(vclient, max_tokens=MAX_MODEL_LEN - 100)
-    # Cancel as soon as it runs: a client's stream lags the engine, and the tiny model can
-    # finish hundreds of tokens before a client-side token count would trigger the cancel.
-    deadline = time.monotonic() + 120
-    while vclient.get(f"/v1/jobs/{job_id}").json()["state"] != "running":
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    assert vclient.delete(f"/v1/jobs/{job_id}").status_code in (200, 202)
-    seen = list(stream_events(vclient, job_id, timeout=120))
-    assert seen[-1].event == "cancelled"
+    """DELETE of a running job aborts it in the engine. The tiny model decodes ~500 tok/s
+    here and this VM has been seen to stall for seconds under load, so a job can end
+    before the cancel reaches it: that lost race is retried (a broken cancel never ends
+    a job `cancelled`, however often it is tried)."""
+    for _ in range(3):
+        job_id = post(vclient, max_tokens=MAX_MODEL_LEN - 100)
+        # Cancel as soon as it runs: a client's stream lags the engine, and the tiny model
+        # can finish hundreds of tokens before a client-side token count would trigger it.
+        deadline = time.monotonic() + 120
+        while vclient.get(f"/v1/jobs/{job_id}").json()["state"] != "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert vclient.delete(f"/v1/jobs/{job_id}").status_code in (200, 202)
+        seen = list(stream_events(vclient, job_id, timeout=120))
+        if seen[-1].event != "done":
+            break
+    assert seen[-1].event == "cancelled", f"{seen[-1]} after {len(tokens(seen))} tokens"
     assert len(tokens(seen)) < MAX_MODEL_LEN - 100
     assert vclient.get(f"/v1/jobs/{job_id}").json()["state"] == "cancelled"
     wait_engine_idle(vredis)
