@@ -23,7 +23,7 @@ from shared.redis_server import EmbeddedRedis, free_port
 from shared.settings import Settings
 
 TINY = "tiny-vllm"
-MAX_MODEL_LEN = 1024
+MAX_MODEL_LEN = 2048  # the tiny model's max_position_embeddings: jobs of ~4 s here
 SLOTS = 8
 
 
