@@ -38,7 +38,7 @@ class ModelConfig(BaseModel):
     # n_parallel slots, so one job's context is n_ctx // n_parallel.
     n_ctx: int = 16384
     n_parallel: int = 8
-    n_batch: int = 512
+    n_batch: int = 2048  # llama-server's -b: a burst of prompts goes in one step
     n_ubatch: int = 512
     n_threads: int | None = None
     n_gpu_layers: int = 0
@@ -49,11 +49,12 @@ class ModelConfig(BaseModel):
     # shared pool changes float order); one run here measured 39 vs 35 tok/s at 8 streams
     # with it on, a second run was too noisy to confirm. See docs/benchmarks.md.
     kv_unified: bool = False
-    # While streams decode, a step carries at most max(prefill_min_chunk,
-    # prefill_ratio * decoding streams) prompt tokens, so a long prompt cannot stall them
-    # (step cost here is ~linear in tokens: ratio 1 keeps inter-token latency within ~2x).
-    prefill_ratio: float = 1.0
-    prefill_min_chunk: int = 8
+    # Chunked prefill: while streams decode, a step carries as many prompt tokens as keep
+    # it within prefill_itl_ratio x a decode-only step (measured online), and at least
+    # prefill_min_chunk: a long prompt slows the running streams' inter-token latency by
+    # at most about that ratio (workers/engines/budget.py).
+    prefill_itl_ratio: float = Field(default=1.75, ge=1.0)
+    prefill_min_chunk: int = Field(default=8, ge=1)
     # A free slot keeps its KV cells; a new job takes the slot sharing the longest prefix.
     prefix_cache: bool = True
     # vLLM (names as in vLLM)

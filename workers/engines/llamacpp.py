@@ -7,8 +7,9 @@ llama-server). Every step:
 1. take new jobs and cancels from the inbox (a job joins at the next step) and
    give each the free slot whose cached KV shares the longest prefix with it;
 2. build one batch: the next token of every decoding job, then prompt chunks of
-   jobs being prefilled, within a prefill budget that grows with the number of
-   decoding streams (chunked prefill: a long prompt never stalls the others);
+   jobs being prefilled: whole prompts while as many jobs wait for their first
+   token as decode, else as many prompt tokens as keep the step within
+   `prefill_itl_ratio` times a decode-only step (chunked prefill, budget.py);
 3. llama_decode once; sample each sequence from its own row with its own
    sampler chain (JSON-schema grammar, penalties, top-k, top-p, temperature,
    seeded dist);
@@ -26,6 +27,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +46,7 @@ from workers.engines.base import (
     StepOutput,
     TokenDelta,
 )
+from workers.engines.budget import PrefillBudget
 from workers.engines.detok import Released, TextStream
 from workers.engines.llamacpp_lora import BASE, LoraSet, pick_group
 from workers.engines.llamacpp_sampling import Sampler
@@ -88,6 +91,8 @@ class LlamaCppEngine:
         # (adapter version, tokens) whose KV a free slot still holds
         self._cached: dict[int, tuple[int, list[int]]] = {}
         self._last_group: int | None = None
+        self.budget = PrefillBudget(self.slots, cfg.n_batch, cfg.prefill_itl_ratio,
+                                    cfg.prefill_min_chunk)
         self.prompt_tokens_total = 0
         self.prefix_reused_tokens = 0
         self._thread: threading.Thread | None = None
@@ -116,8 +121,33 @@ class LlamaCppEngine:
         self.mem = ll.llama_get_memory(ctx)
         self.batch = ll.llama_batch_init(self.cfg.n_batch, 0, 1)
         self.lora = LoraSet(self.vocab.model, ctx)
-        self._thread = threading.Thread(target=self._loop, name="llama-engine", daemon=True)
+        warm: Future[None] = Future()
+        self._thread = threading.Thread(target=self._loop, args=(warm,), name="llama-engine",
+                                        daemon=True)
         self._thread.start()
+        warm.result(timeout=300)
+
+    def _warm_up(self) -> None:
+        """The first llama_decode of a context is cold (graph allocation, weights paged in
+        from the mmapped file): pay that here rather than in the first job's TTFT, and time
+        one decode step for the prefill budget. On the engine thread, like every decode:
+        llama.cpp's OpenMP team belongs to the thread that first computes, and decoding
+        from another thread afterwards ran 1.7x slower here (23 -> 40 ms a step)."""
+        tokens = self.vocab.tokenize("The call was about an invoice.")
+        self._decode_seq0(tokens, 0)
+        t0 = time.perf_counter()
+        self._decode_seq0(tokens[-1:], len(tokens))
+        self.budget.observe(1, 0, time.perf_counter() - t0)
+        ll.llama_memory_seq_rm(self.mem, 0, -1, -1)
+
+    def _decode_seq0(self, tokens: list[int], pos0: int) -> None:
+        b = self.batch
+        for i, tok in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i] = tok, pos0 + i, 1
+            b.seq_id[i][0], b.logits[i] = 0, int(i == len(tokens) - 1)
+        b.n_tokens = len(tokens)
+        if ll.llama_decode(self.ctx, b) != 0:
+            raise RuntimeError("llama.cpp could not decode the warm-up prompt")
 
     def submit(self, request: EngineRequest) -> None:
         self._inbox.put(("submit", request))
@@ -157,7 +187,13 @@ class LlamaCppEngine:
             self.vocab.close()
 
     # -- engine thread -----------------------------------------------------------------
-    def _loop(self) -> None:
+    def _loop(self, warm: Future[None]) -> None:
+        try:
+            self._warm_up()
+        except Exception as exc:
+            warm.set_exception(exc)
+            return
+        warm.set_result(None)
         while not self._stop.is_set():
             out = StepOutput()
             try:
@@ -291,9 +327,7 @@ class LlamaCppEngine:
         order = sorted((s for s in self._active.values() if s.group == group),
                        key=lambda s: s.prefilling)
         decoding = sum(1 for s in order if not s.prefilling)
-        budget = self.cfg.n_batch if decoding == 0 else decoding + max(
-            self.cfg.prefill_min_chunk, int(decoding * self.cfg.prefill_ratio))
-        budget = min(budget, self.cfg.n_batch)
+        budget = decoding + self.budget.tokens(decoding, len(order) - decoding)
         for seq in order:
             room = budget - n
             if room <= 0:
@@ -312,7 +346,9 @@ class LlamaCppEngine:
                 batch.logits[n - 1] = 1
                 rows.append((seq, n - 1))
         batch.n_tokens = n
+        t0 = time.perf_counter()
         rc = ll.llama_decode(self.ctx, batch)
+        self.budget.observe(decoding, n - decoding, time.perf_counter() - t0)
         if rc != 0:
             log.error("llama_decode returned %d; failing %d jobs", rc, len(self._active))
             for seq in list(self._active.values()):

@@ -1,0 +1,73 @@
+"""How many prompt tokens one llama.cpp step may carry beside the decoding streams.
+
+Each step that carries prompt tokens delays every decoding stream's next token, so
+while streams decode a long prompt is prefilled in chunks (chunked prefill). The
+chunk is found by feedback on the engine's own step times, measured online (they
+move with the model, the context lengths and the machine's load): after a step with
+P prompt tokens that took r times a decode-only step with as many streams, the
+next chunk aims at P * (itl_ratio - 1) / (r - 1). No cost model is assumed: on
+llama.cpp with per-sequence KV a prompt chunk costs a pass of its own (a fixed
+cost) plus a per-token cost that falls with the chunk's size, and the feedback
+settles on the largest chunk that keeps steps within `itl_ratio` (or on
+`min_chunk` when even that costs more).
+
+Who waits matters too. While at least as many jobs wait for their first token as
+are decoding (a burst of arrivals, or nothing decoding at all), a step takes
+whole prompts up to `n_batch`: many users' time to first token outweighs a few
+streams' smoothness, and big batches are the cheapest way through prompts.
+"""
+
+from __future__ import annotations
+
+ALPHA = 0.5  # how far the chunk moves towards each new estimate
+STALL = 10.0  # a step this many times slower than expected is a stall (frozen VM), not data
+
+
+class PrefillBudget:
+    def __init__(self, slots: int, n_batch: int, itl_ratio: float, min_chunk: int):
+        self.n_batch = n_batch
+        self.itl_ratio = itl_ratio
+        self.min_chunk = min_chunk
+        self.chunk = float(min_chunk)
+        self._t_decode: list[float | None] = [None] * (slots + 1)  # by decoding streams
+
+    def tokens(self, decoding: int, prefilling: int) -> int:
+        """Prompt tokens the next step may carry beside `decoding` decoding streams while
+        `prefilling` jobs wait for their first token."""
+        room = max(0, self.n_batch - decoding)
+        if prefilling >= decoding:
+            return room
+        return min(room, max(self.min_chunk, int(self.chunk)))
+
+    def decode_time(self, decoding: int) -> float | None:
+        """A decode-only step's time with `decoding` streams: measured, else scaled
+        from the nearest count measured."""
+        decoding = min(decoding, len(self._t_decode) - 1)
+        t = self._t_decode[decoding]
+        if t is not None:
+            return t
+        known = [(k, v) for k, v in enumerate(self._t_decode) if v is not None]
+        if not known:
+            return None
+        k, v = min(known, key=lambda kv: abs(kv[0] - decoding))
+        return v * decoding / k
+
+    def observe(self, decoding: int, prompt_tokens: int, seconds: float) -> None:
+        """One step's llama_decode time."""
+        if decoding == 0 or seconds <= 0:
+            return
+        td = self.decode_time(decoding)
+        if td is not None and seconds > STALL * td * (self.itl_ratio if prompt_tokens else 1):
+            return
+        if prompt_tokens == 0:
+            d = min(decoding, len(self._t_decode) - 1)
+            old = self._t_decode[d]
+            self._t_decode[d] = seconds if old is None else old + 0.3 * (seconds - old)
+            return
+        if td is None or prompt_tokens < self.chunk / 2:
+            return  # a prompt's short tail says little about what a full chunk costs
+        excess = max(seconds / td - 1.0, 0.02)
+        want = prompt_tokens * (self.itl_ratio - 1.0) / excess
+        want = min(want, 2.0 * self.chunk)  # grow at most 2x per step: measure as we go
+        self.chunk = max(float(self.min_chunk),
+                         min(float(self.n_batch), self.chunk + ALPHA * (want - self.chunk)))
