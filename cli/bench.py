@@ -82,10 +82,12 @@ class Level:
         )
 
 
-def prompt_text(i: int, words: int) -> str:
-    """The i-th benchmark prompt: ~`words` words of call-center text, unique per request."""
+def prompt_text(i: int, words: int, concurrency: int = 0) -> str:
+    """The i-th benchmark prompt of a level: ~`words` words of call-center text, unique per
+    request and per level (a level must not find the previous level's prompts in a
+    server's prompt cache: llama-server and tokenq both keep one per slot)."""
     body = " ".join((FILLER * (words // 20 + 1)).split()[:words])
-    return f"[{i}] {body}\nSummary:"
+    return f"[{concurrency}.{i}] {body}\nSummary:"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -147,7 +149,7 @@ def run_level(url: str, model: str, concurrency: int, requests: int, prompt_word
     task = progress.add_task(f"c={concurrency}", total=requests) if progress else None
 
     def go(i: int) -> Sample:
-        body = {"model": model, "prompt": prompt_text(i, prompt_words),
+        body = {"model": model, "prompt": prompt_text(i, prompt_words, concurrency),
                 "max_tokens": max_tokens, "temperature": 0.7, "seed": i}
         s = one_job(client, body) if api == "native" else one_openai(client, body)
         if progress is not None and task is not None:

@@ -104,21 +104,27 @@ def compare(settings: Settings, model: str, levels: list[int], requests: int | N
     finally:
         stack.stop()
 
+    def peer(name: str, args: list[str], port: int, ready_path: str, log_name: str) -> None:
+        url = f"http://127.0.0.1:{port}"
+        try:
+            with _process(args, url + ready_path, logs / log_name):
+                measure(name, url, "openai")
+        except (RuntimeError, TimeoutError) as exc:  # one peer failing spoils nothing else
+            console.print(f"[yellow]skipping {name}: {exc} (see {logs / log_name})[/]")
+
     port = free_port()
-    with _process([sys.executable, "-m", "llama_cpp.server", "--model", path, "--port",
-                   str(port), "--n_threads", threads, "--n_threads_batch", threads,
-                   "--n_ctx", str(cfg.n_ctx // slots), "--interrupt_requests", "False",
-                   "--model_alias", model],
-                  f"http://127.0.0.1:{port}/v1/models", logs / "llama_cpp_server.log"):
-        measure("llama_cpp.server", f"http://127.0.0.1:{port}", "openai")
+    peer("llama_cpp.server", [
+        sys.executable, "-m", "llama_cpp.server", "--model", path, "--port", str(port),
+        "--n_threads", threads, "--n_threads_batch", threads, "--n_ctx", str(cfg.n_ctx // slots),
+        "--interrupt_requests", "False", "--model_alias", model],
+        port, "/v1/models", "llama_cpp_server.log")
 
     binary = llama_server_binary(console)
     if binary:
         port = free_port()
-        with _process([binary, "-m", path, "--port", str(port), "-np", str(slots), "-cb",
-                       "-t", threads, "-c", str(cfg.n_ctx), "-a", model],
-                      f"http://127.0.0.1:{port}/health", logs / "llama_server.log"):
-            measure("llama-server (C++)", f"http://127.0.0.1:{port}", "openai")
+        peer("llama-server (C++)", [binary, "-m", path, "--port", str(port), "-np", str(slots),
+                                    "-cb", "-t", threads, "-c", str(cfg.n_ctx), "-a", model],
+             port, "/health", "llama_server.log")
 
     ratio_table(console, results)
     return {name: [lv.__dict__ for lv in lvs] for name, lvs in results.items()}

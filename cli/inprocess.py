@@ -45,7 +45,7 @@ def run_inprocess(settings: Settings, model: str, levels: list[int], requests: i
                 with lock:
                     waiters[job_id] = (done, sample)
                 engine.submit(EngineRequest(job_id=job_id, attempt=1, prompt=prompt_text(
-                    i, prompt_words), params=SamplingParams(
+                    i, prompt_words, c), params=SamplingParams(
                         max_tokens=max_tokens, temperature=0.7, top_p=cfg.top_p,
                         top_k=cfg.top_k, repetition_penalty=1.0, seed=i)))
                 done.wait(600)
