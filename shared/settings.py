@@ -53,8 +53,8 @@ class ModelConfig(BaseModel):
     # it within prefill_itl_ratio x a decode-only step (measured online), and at least
     # prefill_min_chunk: a long prompt slows the running streams' inter-token latency by
     # at most about that ratio (workers/engines/budget.py).
-    prefill_itl_ratio: float = Field(default=1.75, ge=1.0)
-    prefill_min_chunk: int = Field(default=8, ge=1)
+    prefill_itl_ratio: float = Field(default=1.6, ge=1.0)
+    prefill_min_chunk: int = Field(default=4, ge=1)
     # A free slot keeps its KV cells; a new job takes the slot sharing the longest prefix.
     prefix_cache: bool = True
     # vLLM (names as in vLLM)

@@ -68,6 +68,6 @@ class PrefillBudget:
             return  # a prompt's short tail says little about what a full chunk costs
         excess = max(seconds / td - 1.0, 0.02)
         want = prompt_tokens * (self.itl_ratio - 1.0) / excess
-        want = min(want, 2.0 * self.chunk)  # grow at most 2x per step: measure as we go
+        want = min(want, 1.25 * self.chunk)  # grow gently: an overshoot is a slow step
         self.chunk = max(float(self.min_chunk),
                          min(float(self.n_batch), self.chunk + ALPHA * (want - self.chunk)))
