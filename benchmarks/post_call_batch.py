@@ -70,16 +70,26 @@ def main() -> int:
         f = client.files.create(file=("post_call.jsonl", data), purpose="batch")
         b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
                                   completion_window="24h")
+        next_report = t0 + 30
         while b.status not in ("completed", "failed", "expired", "cancelled"):
             time.sleep(1)
             b = client.batches.retrieve(b.id)
+            if time.monotonic() >= next_report:  # a long run says how far it got
+                next_report += 30
+                rc = b.request_counts
+                print(f"  {time.monotonic() - t0:5.0f} s: {b.status}, "
+                      f"{rc.completed if rc else 0}/{args.lines} done", file=sys.stderr,
+                      flush=True)
         wall = time.monotonic() - t0
         stop.set()
         ok = tokens = 0
+        finish: dict[str, int] = {}
         if b.output_file_id:
             for raw in client.files.content(b.output_file_id).text.splitlines():
                 body = json.loads(raw)["response"]["body"]
                 tokens += body["usage"]["completion_tokens"]
+                reason = body["choices"][0]["finish_reason"]
+                finish[reason] = finish.get(reason, 0) + 1
                 try:
                     jsonschema.validate(json.loads(body["choices"][0]["message"]["content"]),
                                         SCHEMA)
@@ -90,7 +100,8 @@ def main() -> int:
         print(f"batch {b.status}: {b.request_counts}")
         print(f"{args.lines} lines, {args.workers} worker(s), max_tokens {args.max_tokens}: "
               f"{wall:.1f} s wall, {args.lines / wall:.2f} lines/s, {tokens / wall:.1f} "
-              f"generated tok/s, {ok}/{args.lines} summaries parse and validate")
+              f"generated tok/s, {ok}/{args.lines} summaries parse and validate "
+              f"(finish reasons {finish}: one cut by max_tokens is a JSON prefix)")
         print(f"API RSS: start {rss['start'] / mib:.0f} MiB, peak {rss['peak'] / mib:.0f} MiB "
               f"(+{(rss['peak'] - rss['start']) / mib:.1f} MiB); input file "
               f"{len(data) / mib:.2f} MiB")
