@@ -143,6 +143,12 @@ def one_openai(client: httpx.Client, body: dict[str, Any]) -> Sample:
     return sample
 
 
+# Sent explicitly to every peer: each server otherwise applies its own defaults (tokenq's
+# model entry and llama.cpp's servers: top_k 40, top_p 0.95; vLLM's server: neither, a
+# cheaper sampler), and the comparison would be of different work.
+SAMPLING: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "top_k": 40}
+
+
 def run_level(url: str, model: str, concurrency: int, requests: int, prompt_words: int,
               max_tokens: int, progress: Progress | None = None, api: str = "native") -> Level:
     lock = threading.Lock()
@@ -150,7 +156,7 @@ def run_level(url: str, model: str, concurrency: int, requests: int, prompt_word
 
     def go(i: int) -> Sample:
         body = {"model": model, "prompt": prompt_text(i, prompt_words, concurrency),
-                "max_tokens": max_tokens, "temperature": 0.7, "seed": i}
+                "max_tokens": max_tokens, "seed": i, **SAMPLING}
         s = one_job(client, body) if api == "native" else one_openai(client, body)
         if progress is not None and task is not None:
             with lock:

@@ -6,7 +6,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from cli.bench import Level, Sample, prompt_text
+from cli.bench import SAMPLING, Level, Sample, prompt_text
 from shared.models import gguf_path
 from shared.schemas import SamplingParams
 from shared.settings import Settings
@@ -46,8 +46,9 @@ def run_inprocess(settings: Settings, model: str, levels: list[int], requests: i
                     waiters[job_id] = (done, sample)
                 engine.submit(EngineRequest(job_id=job_id, attempt=1, prompt=prompt_text(
                     i, prompt_words, c), params=SamplingParams(
-                        max_tokens=max_tokens, temperature=0.7, top_p=cfg.top_p,
-                        top_k=cfg.top_k, repetition_penalty=1.0, seed=i)))
+                        max_tokens=max_tokens, temperature=SAMPLING["temperature"],
+                        top_p=SAMPLING["top_p"], top_k=SAMPLING["top_k"],
+                        repetition_penalty=1.0, seed=i)))
                 done.wait(600)
                 return sample
 

@@ -129,7 +129,8 @@ class Stack:
         return restarted
 
     def wait_ready(self, timeout: float = 180.0, models: list[str] | None = None) -> None:
-        """Until /ready is 200 (or, with `models`, until those models have a live worker).
+        """Until /ready is 200 (or, with `models`, until those models have a live worker;
+        `models=[]`: until the API and Redis answer).
         With an autoscaler, workers come with jobs: until the API answers /health."""
         deadline = time.monotonic() + timeout
         path = "/health" if self.autoscaler is not None else "/ready"
@@ -144,7 +145,7 @@ class Stack:
                 r = httpx.get(f"{self.url}{path}", timeout=2)
                 if r.status_code == 200:
                     return
-                if models and r.status_code == 503 and "workers" in r.json():
+                if models is not None and r.status_code == 503 and "workers" in r.json():
                     if all(r.json()["workers"].get(m) for m in models):
                         return
                 last = r.text

@@ -141,13 +141,20 @@ class LlamaCppEngine:
         ll.llama_memory_seq_rm(self.mem, 0, -1, -1)
 
     def _decode_seq0(self, tokens: list[int], pos0: int) -> None:
+        n = self._fill(0, tokens, pos0, 0)
+        self.batch.logits[n - 1] = 1
+        self.batch.n_tokens = n
+        if ll.llama_decode(self.ctx, self.batch) != 0:
+            raise RuntimeError("llama.cpp could not decode the warm-up prompt")
+
+    def _fill(self, n: int, tokens: list[int], pos0: int, seq_id: int) -> int:
+        """Put one sequence's `tokens` into the batch from row `n` (no logits); the next row."""
         b = self.batch
         for i, tok in enumerate(tokens):
-            b.token[i], b.pos[i], b.n_seq_id[i] = tok, pos0 + i, 1
-            b.seq_id[i][0], b.logits[i] = 0, int(i == len(tokens) - 1)
-        b.n_tokens = len(tokens)
-        if ll.llama_decode(self.ctx, b) != 0:
-            raise RuntimeError("llama.cpp could not decode the warm-up prompt")
+            b.token[n], b.pos[n], b.n_seq_id[n] = tok, pos0 + i, 1
+            b.seq_id[n][0], b.logits[n] = seq_id, 0
+            n += 1
+        return n
 
     def submit(self, request: EngineRequest) -> None:
         self._inbox.put(("submit", request))
@@ -333,13 +340,7 @@ class LlamaCppEngine:
             if room <= 0:
                 break
             take = seq.tokens[:room]
-            for i, tok in enumerate(take):
-                batch.token[n] = tok
-                batch.pos[n] = seq.n_past + i
-                batch.n_seq_id[n] = 1
-                batch.seq_id[n][0] = seq.seq_id
-                batch.logits[n] = 0
-                n += 1
+            n = self._fill(n, take, seq.n_past, seq.seq_id)
             seq.n_past += len(take)
             seq.tokens = seq.tokens[len(take):]
             if not seq.tokens:  # its whole input is in: sample from its last row
