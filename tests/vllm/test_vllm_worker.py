@@ -6,6 +6,7 @@ noise, and it never samples EOS, so every job runs to exactly max_tokens.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -94,26 +95,48 @@ def all_running(r: redis.Redis, ids: list[str], timeout: float = 120) -> bool:
     raise AssertionError(f"jobs not running after {timeout} s: {states}")
 
 
-def test_cancel_mid_stream_aborts_in_the_engine(vclient: httpx.Client,
-                                                vredis: redis.Redis) -> None:
-    """DELETE of a running job aborts it in the engine. The tiny model decodes ~500 tok/s
-    here and this VM has been seen to stall for seconds under load, so a job can end
-    before the cancel reaches it: that lost race is retried (a broken cancel never ends
-    a job `cancelled`, however often it is tried)."""
-    for _ in range(3):
-        job_id = post(vclient, max_tokens=MAX_MODEL_LEN - 100)
-        # Cancel as soon as it runs: a client's stream lags the engine, and the tiny model
-        # can finish hundreds of tokens before a client-side token count would trigger it.
-        if not all_running(vredis, [job_id]):
-            continue
+def engine_cores(stack: Stack) -> list[psutil.Process]:
+    """The EngineCore processes of the live vLLM worker."""
+    worker = next(p for m, p in stack.worker_procs if m == TINY and p.poll() is None)
+    kids = psutil.Process(worker.pid).children(recursive=True)
+    cores = [c for c in kids if "EngineCore" in c.name() or "EngineCore" in " ".join(c.cmdline())]
+    assert cores, [c.name() for c in kids]
+    return cores
+
+
+@contextlib.contextmanager
+def frozen(cores: list[psutil.Process]) -> Iterator[None]:
+    """Hold the engine still (SIGSTOP) so that a test can act on running jobs before they
+    end: the tiny model decodes hundreds of tokens a second here, thousands on a fast CI
+    machine, and a cancel or kill timed from outside could land after the job finished."""
+    for c in cores:
+        c.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for c in cores:
+            if c.is_running():
+                c.send_signal(signal.SIGCONT)
+
+
+def test_cancel_mid_stream_aborts_in_the_engine(vclient: httpx.Client, vredis: redis.Redis,
+                                                vllm_stack: Stack) -> None:
+    """DELETE of a running job aborts it in the engine: the job ends `cancelled` and the
+    engine lets go of the request. The engine is frozen from before the job arrives until
+    the worker has dropped the request, so the job cannot finish first."""
+    n_tokens = MAX_MODEL_LEN - 100
+    with frozen(engine_cores(vllm_stack)):
+        job_id = post(vclient, max_tokens=n_tokens)
+        assert all_running(vredis, [job_id])
         assert vclient.delete(f"/v1/jobs/{job_id}").status_code in (200, 202)
-        seen = list(stream_events(vclient, job_id, timeout=120))
-        if seen[-1].event != "done":
-            break
-    else:
-        raise AssertionError("3 jobs ended before their cancel reached them")
+        # The worker ends the job as soon as it has aborted the request: no engine step needed.
+        deadline = time.monotonic() + 10
+        while vredis.hget(keys.job(job_id), "state") == "running":
+            assert time.monotonic() < deadline, "the cancel never reached the worker"
+            time.sleep(0.01)
+    seen = list(stream_events(vclient, job_id, timeout=120))
     assert seen[-1].event == "cancelled", f"{seen[-1]} after {len(tokens(seen))} tokens"
-    assert len(tokens(seen)) < MAX_MODEL_LEN - 100
+    assert len(tokens(seen)) < n_tokens
     assert vclient.get(f"/v1/jobs/{job_id}").json()["state"] == "cancelled"
     wait_engine_idle(vredis)
 
@@ -158,20 +181,29 @@ def test_engine_death_hands_jobs_to_another_attempt(vclient: httpx.Client, vredi
     non-zero, its jobs go back to the queue, and a fresh worker finishes both streams with
     no gap and no duplicate."""
     n_tokens = MAX_MODEL_LEN - 100
-    # Kill as soon as both run: the tiny model decodes hundreds of tokens a second, and a
-    # stalled VM can let two jobs finish unseen (then two more are tried).
-    for _ in range(3):
-        ids = [post(vclient, max_tokens=n_tokens) for _ in range(2)]
-        if all_running(vredis, ids):
-            break
-    else:
-        raise AssertionError("never saw two jobs running at once")
     worker = next(p for m, p in vllm_stack.worker_procs if m == TINY and p.poll() is None)
-    cores = [c for c in psutil.Process(worker.pid).children(recursive=True)
-             if "EngineCore" in c.name() or "EngineCore" in " ".join(c.cmdline())]
-    assert cores, [c.name() for c in psutil.Process(worker.pid).children(recursive=True)]
-    for c in cores:
-        c.send_signal(signal.SIGKILL)
+    cores = engine_cores(vllm_stack)
+
+    def written() -> list[int]:
+        return [int(vredis.hget(keys.job(j), "n_tokens") or 0) for j in ids]
+
+    # Frozen before the jobs arrive, then let run in 20 ms slices until both have streamed
+    # tokens: the SIGKILL lands mid-stream whatever the machine's speed.
+    with frozen(cores):
+        ids = [post(vclient, max_tokens=n_tokens) for _ in range(2)]
+        assert all_running(vredis, ids)
+        for _ in range(500):
+            for c in cores:
+                c.send_signal(signal.SIGCONT)
+            time.sleep(0.02)
+            for c in cores:
+                c.send_signal(signal.SIGSTOP)
+            time.sleep(0.1)  # the worker publishes what the engine streamed
+            if all(n > 0 for n in written()):
+                break
+        assert all(0 < n < n_tokens for n in written()), written()
+        for c in cores:
+            c.send_signal(signal.SIGKILL)
     # Streams replay from their start: clients that attach now still see every event.
     seen: dict[str, list[Event]] = {j: [] for j in ids}
 
@@ -192,8 +224,7 @@ def test_engine_death_hands_jobs_to_another_attempt(vclient: httpx.Client, vredi
     else:
         raise AssertionError(f"/ready still counts the dead worker: {ready.text}")
     assert worker.wait(60) != 0
-    written = [int(vredis.hget(keys.job(j), "n_tokens") or 0) for j in ids]
-    assert all(n < n_tokens for n in written), written  # killed mid-stream
+    assert all(n < n_tokens for n in written()), written()  # killed mid-stream
 
     vllm_stack.worker_procs.remove((TINY, worker))
     vllm_stack.add_worker(TINY)  # what `tokenq up` does when a worker exits
