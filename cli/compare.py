@@ -89,7 +89,7 @@ def compare(settings: Settings, model: str, levels: list[int], requests: int | N
     def measure(name: str, url: str, api: str) -> None:
         console.print(f"[bold]{name}[/] at {url}")
         results[name] = [run_level(url, model, c, requests or max(4, 2 * c), prompt_words,
-                                   max_tokens, api=api) for c in levels]
+                                   max_tokens, api=api, stop=cfg.stop) for c in levels]
         render(console, results[name], budget_lines(results[name], max_tokens, budget_s))
 
     console.print("[bold]engine in-process[/] (no queue, no HTTP)")

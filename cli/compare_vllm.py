@@ -69,7 +69,7 @@ def compare_vllm(settings: Settings, model: str, levels: list[int], requests: in
     def measure(name: str, url: str, api: str) -> None:
         console.print(f"[bold]{name}[/] at {url}")
         results[name] = [run_level(url, model, c, requests or max(4, 2 * c), prompt_words,
-                                   max_tokens, api=api) for c in levels]
+                                   max_tokens, api=api, stop=cfg.stop) for c in levels]
         render(console, results[name], budget_lines(results[name], max_tokens, budget_s))
 
     stack = Stack(tq_settings, port=free_port(), models=[model], quiet=True).start()

@@ -48,7 +48,7 @@ def run_inprocess(settings: Settings, model: str, levels: list[int], requests: i
                     i, prompt_words, c), params=SamplingParams(
                         max_tokens=max_tokens, temperature=SAMPLING["temperature"],
                         top_p=SAMPLING["top_p"], top_k=SAMPLING["top_k"],
-                        repetition_penalty=1.0, seed=i)))
+                        repetition_penalty=1.0, seed=i, stop=cfg.stop)))
                 done.wait(600)
                 return sample
 
