@@ -56,6 +56,9 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
         driver = BatchDriver(state)
         state.background["batch_wake"] = driver.wake
         driver_task = asyncio.create_task(driver.run(), name="tokenq-batch-driver")
+        # Vocabularies now, in the background: the first request would wait ~0.6 s for one.
+        preload = asyncio.create_task(state.counter.preload(state.models),
+                                      name="tokenq-vocab-preload")
         app.state.tokenq = state
         if not state.api_keys:
             log.warning("no API keys configured: every caller is tenant 'default' (admin); "
@@ -63,6 +66,7 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
         try:
             yield
         finally:
+            preload.cancel()
             driver.stop()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(driver_task, timeout=5)
