@@ -101,17 +101,24 @@ class Publisher:
             if step is None:
                 return
             merged = StepOutput(list(step.tokens), list(step.finished))
+            steps = [step]
+            last = False
             while True:  # coalesce steps that queued up while we were writing
                 try:
                     more = self._steps.get_nowait()
                 except queue.Empty:
                     break
                 if more is None:
-                    self._write_until_done(merged)
-                    return
+                    last = True
+                    break
+                steps.append(more)
                 merged.tokens.extend(more.tokens)
                 merged.finished.extend(more.finished)
             self._write_until_done(merged)
+            for s in steps:
+                s.flushed.set()
+            if last:
+                return
 
     def _write_until_done(self, step: StepOutput) -> None:
         """Retry a failed step until Redis answers again (it may be restarting): dropping

@@ -244,3 +244,28 @@ def test_publisher_tells_the_engine_of_a_cancel_within_one_step(r: redis.Redis) 
     finally:
         pub.stop()
     assert told == [JOB]
+
+
+def test_publisher_flushes_a_step_only_once_it_is_in_redis(r: redis.Redis) -> None:
+    """StepOutput.flushed (what the engine waits on after a first token) is set after the
+    step's events are in the job's stream, for coalesced steps too."""
+    from shared.settings import Settings
+    from workers.engines.base import StepOutput, TokenDelta
+    from workers.publisher import Publisher
+
+    create(r)
+    acquire(r)
+    pub = Publisher(r, Settings())
+    steps = [StepOutput([TokenDelta(JOB, 1, i, "t", 1)], [], first_token=i == 0)
+             for i in range(3)]
+    pub.track(JOB, 1)
+    for st in steps:  # queued before the thread starts: written as one coalesced step
+        pub.sink(st)
+    assert not any(st.flushed.is_set() for st in steps)
+    pub.start()
+    try:
+        for st in steps:
+            assert st.flushed.wait(5)
+        assert r.hget(keys.job(JOB), "n_tokens") == "3"
+    finally:
+        pub.stop()

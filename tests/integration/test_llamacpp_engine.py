@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +27,7 @@ class Collector:
         self.cond = threading.Condition()
 
     def sink(self, step: StepOutput) -> None:
+        step.flushed.set()  # delivered (the publisher sets it once the step is in Redis)
         with self.cond:
             for t in step.tokens:
                 self.text.setdefault(t.job_id, []).append((t.index, t.text))
@@ -169,3 +171,58 @@ def test_json_schema_output_and_resume_mid_json(
     assert col.finished["json-resumed"].reason == "stop"
     doc2 = json.loads(head + "".join(t for _, t in pieces))  # without replay: a 2nd "{"
     assert set(doc2) == {"colour", "count"}
+
+
+def test_step_after_a_first_token_waits_for_its_flush(tmp_path: Path) -> None:
+    """The engine does not start the next step until the step carrying a job's first token
+    is flushed (in Redis, for the publisher), so that write does not compete with the next
+    llama_decode for the cores; the wait is bounded by first_token_flush_ms."""
+    settings = Settings(state_dir=tmp_path)
+    cfg = settings.models()["smollm2-135m-instruct"].model_copy(
+        update={"n_parallel": 2, "first_token_flush_ms": 10_000})
+    eng = LlamaCppEngine(cfg, gguf_path(cfg, settings.state_dir))
+    arrived: list[tuple[float, StepOutput]] = []
+    flushed_at: list[float] = []
+    done = threading.Event()
+
+    def flush_later(step: StepOutput) -> None:
+        time.sleep(0.5)
+        flushed_at.append(time.monotonic())
+        step.flushed.set()
+
+    def sink(step: StepOutput) -> None:
+        arrived.append((time.monotonic(), step))
+        if step.first_token:
+            threading.Thread(target=flush_later, args=(step,)).start()
+        else:
+            step.flushed.set()
+        if step.finished:
+            done.set()
+
+    eng.start(sink)
+    try:
+        eng.submit(request("flush-1", PROMPTS[0], max_tokens=4))
+        assert done.wait(60)
+        firsts = [i for i, (_, st) in enumerate(arrived) if st.first_token]
+        assert len(firsts) == 1 and arrived[firsts[0]][1].tokens[0].index == 0
+        # the next step came only after the flush (0.5 s later), not one decode (~10 ms) later
+        assert arrived[firsts[0] + 1][0] >= flushed_at[0]
+        # Bounded: a sink that never flushes (Redis down) delays a job's next step by at
+        # most first_token_flush_ms, it does not stop the engine.
+        eng.cfg = cfg.model_copy(update={"first_token_flush_ms": 200})
+        arrived.clear()
+        done.clear()
+
+        def never(step: StepOutput) -> None:
+            arrived.append((time.monotonic(), step))
+            if step.finished:
+                done.set()
+
+        eng._sink = never
+        eng.submit(request("flush-2", PROMPTS[1], max_tokens=4))
+        assert done.wait(60)
+        first = next(i for i, (_, st) in enumerate(arrived) if st.first_token)
+        gap = arrived[first + 1][0] - arrived[first][0]
+        assert 0.15 < gap < 5, gap
+    finally:
+        eng.close()

@@ -8,6 +8,7 @@ one round trip per token per job.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -55,6 +56,10 @@ class Finished:
 class StepOutput:
     tokens: list[TokenDelta] = field(default_factory=list)
     finished: list[Finished] = field(default_factory=list)
+    # Some job's first token is in this step: the engine may wait for `flushed` (set by
+    # the sink's owner once the step is in Redis) before its next step.
+    first_token: bool = False
+    flushed: threading.Event = field(default_factory=threading.Event)
 
     def __bool__(self) -> bool:
         return bool(self.tokens or self.finished)

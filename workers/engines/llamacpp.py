@@ -215,6 +215,8 @@ class LlamaCppEngine:
                     self._finish(seq, "error", out, "engine_error", f"engine step failed: {exc}")
             if out and self._sink:
                 self._sink(out)
+                if out.first_token and self.cfg.first_token_flush_ms:
+                    out.flushed.wait(self.cfg.first_token_flush_ms / 1000)
 
     def _drain_inbox(self, out: StepOutput, block: bool) -> None:
         try:
@@ -371,6 +373,8 @@ class LlamaCppEngine:
                 seq.tokens = [tok]
 
     def _emit(self, seq: _Seq, released: list[Released], out: StepOutput) -> None:
+        if released and seq.emitted == len(seq.req.resume_token_ids):
+            out.first_token = True
         for r in released:
             out.tokens.append(TokenDelta(seq.req.job_id, seq.req.attempt, r.index, r.text,
                                          r.token_id))
