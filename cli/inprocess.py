@@ -1,13 +1,25 @@
-"""The same llama.cpp engine driven in-process with no queue: what tokenq's queue path adds."""
+"""The same llama.cpp engine driven in-process with no queue: what tokenq's queue path adds.
+
+run_inprocess: a peer of its own in `tokenq bench --compare` (levels, like the others).
+paired_ttft: `tokenq bench --paired N`, the c=1 time to first token that the queue path
+adds, measured in pairs (one job in-process, then the same-shaped job through the stack,
+N times) so that the VM's drift over minutes, which moves a peer-after-peer comparison by
+tens of ms, cancels out of each difference.
+"""
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-from cli.bench import SAMPLING, Level, Sample, prompt_text
+import httpx
+
+from cli.bench import SAMPLING, Level, Sample, one_job, prompt_text
 from shared.models import gguf_path
+from shared.redis_server import free_port
 from shared.schemas import SamplingParams
 from shared.settings import Settings
 from workers.engines.base import EngineRequest, StepOutput
@@ -46,10 +58,7 @@ def run_inprocess(settings: Settings, model: str, levels: list[int], requests: i
                 with lock:
                     waiters[job_id] = (done, sample)
                 engine.submit(EngineRequest(job_id=job_id, attempt=1, prompt=prompt_text(
-                    i, prompt_words, c), params=SamplingParams(
-                        max_tokens=max_tokens, temperature=SAMPLING["temperature"],
-                        top_p=SAMPLING["top_p"], top_k=SAMPLING["top_k"],
-                        repetition_penalty=1.0, seed=i, stop=cfg.stop)))
+                    i, prompt_words, c), params=_params(settings, model, i, max_tokens)))
                 done.wait(600)
                 return sample
 
@@ -63,3 +72,65 @@ def run_inprocess(settings: Settings, model: str, levels: list[int], requests: i
 
 
 
+
+
+def _params(settings: Settings, model: str, i: int, max_tokens: int) -> SamplingParams:
+    cfg = settings.models()[model]
+    return SamplingParams(max_tokens=max_tokens, temperature=SAMPLING["temperature"],
+                          top_p=SAMPLING["top_p"], top_k=SAMPLING["top_k"],
+                          repetition_penalty=1.0, seed=i, stop=cfg.stop)
+
+
+def paired_ttft(settings: Settings, model: str, pairs: int, prompt_words: int,
+                max_tokens: int = 16) -> dict[str, Any]:
+    """TTFT of `pairs` jobs run one at a time in-process and as many through the embedded
+    stack (native POST + SSE), alternating; the p50/mean of the per-pair differences."""
+    from cli.stack import Stack
+    from workers.engines.llamacpp import LlamaCppEngine
+
+    cfg = settings.models()[model]
+    engine = LlamaCppEngine(cfg, gguf_path(cfg, settings.state_dir))
+    first: dict[str, float] = {}
+    ended: dict[str, threading.Event] = {}
+
+    def sink(step: StepOutput) -> None:
+        step.flushed.set()
+        for t in step.tokens:
+            first.setdefault(t.job_id, time.perf_counter())
+        for f in step.finished:
+            ended[f.job_id].set()
+
+    engine.start(sink)
+    stack = Stack(settings, port=free_port(), models=[model], quiet=True).start()
+    inproc: list[float] = []
+    queued: list[float] = []
+    try:
+        stack.wait_ready()
+        with httpx.Client(base_url=stack.url, timeout=600) as client:
+            for i in range(pairs + 1):  # the first pair warms both paths and is dropped
+                job_id = f"paired-{i}"
+                ended[job_id] = threading.Event()
+                t0 = time.perf_counter()
+                engine.submit(EngineRequest(job_id=job_id, attempt=1, prompt=prompt_text(
+                    i, prompt_words, 1001), params=_params(settings, model, i, max_tokens)))
+                if not ended[job_id].wait(600) or job_id not in first:
+                    raise RuntimeError(f"in-process job {i} produced no token")
+                body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "seed": i,
+                                        "prompt": prompt_text(i, prompt_words, 1002),
+                                        **SAMPLING}
+                if cfg.stop:
+                    body["stop"] = cfg.stop
+                sample = one_job(client, body)
+                if not sample.ok:
+                    raise RuntimeError(f"tokenq job {i} failed")
+                if i:
+                    inproc.append(first[job_id] - t0)
+                    queued.append(sample.ttft)
+    finally:
+        stack.stop()
+        engine.close()
+    diffs = [1000 * (q - p) for p, q in zip(inproc, queued, strict=True)]
+    return {"model": model, "pairs": pairs,
+            "inprocess_ttft_p50_ms": 1000 * statistics.median(inproc),
+            "tokenq_ttft_p50_ms": 1000 * statistics.median(queued),
+            "added_p50_ms": statistics.median(diffs), "added_mean_ms": statistics.mean(diffs)}

@@ -152,6 +152,9 @@ def bench(
     long_prompt: Annotated[bool, typer.Option(
         "--long-prompt", help="p95 ITL of 7 streams before vs during a ~2,000-token prefill")]
     = False,
+    paired: Annotated[int, typer.Option(
+        "--paired", help="N pairs: c=1 TTFT the queue path adds over the engine in-process, "
+        "alternating one job each way")] = 0,
 ) -> None:
     """Streaming load test: tok/s, TTFT, inter-token and e2e latency per concurrency level."""
     import json
@@ -163,6 +166,16 @@ def bench(
     settings = _settings()
     model = model or settings.default_model
     levels = [int(c) for c in concurrency.split(",") if c.strip()]
+    if paired:
+        from cli.inprocess import paired_ttft
+
+        res = paired_ttft(settings, model, paired, prompt_words)
+        typer.echo(json.dumps(res) if json_out else
+                   f"{model}, {paired} pairs at c=1: TTFT p50 in-process "
+                   f"{res['inprocess_ttft_p50_ms']:.0f} ms, tokenq "
+                   f"{res['tokenq_ttft_p50_ms']:.0f} ms; added by the queue path: p50 "
+                   f"{res['added_p50_ms']:+.1f} ms, mean {res['added_mean_ms']:+.1f} ms")
+        return
     if compare:
         from rich.console import Console
 

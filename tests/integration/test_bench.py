@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from cli.bench import bench
 from cli.stack import Stack
+from shared.settings import Settings
 from tests.conftest import GEMMA, SMOL
 
 
@@ -29,3 +31,16 @@ def test_long_prompt_scenario_produces_figures(stack: Stack) -> None:
                              settle_s=2.0)
     assert out["prompt_tokens"] > 250 and out["prefill_s"] > 0
     assert math.isfinite(out["itl_p95_before_ms"]) and math.isfinite(out["itl_p95_during_ms"])
+
+
+def test_paired_ttft_produces_figures(tmp_path: Path) -> None:
+    """`tokenq bench --paired`: its own embedded stack (own Redis) beside an in-process
+    engine, alternating jobs; it reports both TTFTs and their difference."""
+    from cli.inprocess import paired_ttft
+
+    settings = Settings(state_dir=tmp_path, redis_url=None)  # the stack starts its own Redis
+    out = paired_ttft(settings, SMOL, pairs=2, prompt_words=20, max_tokens=4)
+    assert out["pairs"] == 2
+    for key in ("inprocess_ttft_p50_ms", "tokenq_ttft_p50_ms"):
+        assert out[key] > 0 and math.isfinite(out[key])
+    assert math.isfinite(out["added_p50_ms"]) and math.isfinite(out["added_mean_ms"])
