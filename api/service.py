@@ -204,9 +204,16 @@ async def get(state: AppState, tenant: str, job_id: str) -> JobRecord:
     return JobRecord.from_hash(h)
 
 
+async def check_owner(state: AppState, tenant: str, job_id: str) -> None:
+    """404 unless the job exists and is the tenant's: one field, not the whole record (which
+    holds the prompt twice and the output)."""
+    if await state.redis.hget(keys.job(job_id), "owner") != tenant:
+        raise NotFound(f"no job {job_id!r}", param="job_id")
+
+
 async def cancel(state: AppState, tenant: str, job_id: str, wait_s: float = 2.0) -> JobRecord:
     """Cancel; idempotent. Waits briefly for a running job's engine to let go."""
-    await get(state, tenant, job_id)
+    await check_owner(state, tenant, job_id)
     s = state.settings
     result = await state.scripts["cancel"](
         keys=[keys.job(job_id), keys.job_events(job_id)],

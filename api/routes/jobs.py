@@ -46,7 +46,7 @@ async def job_events(
     """The job's events. A native stream survives its client (resume with Last-Event-ID),
     so a disconnect leaves the job running unless the client asked otherwise with
     `?cancel_on_disconnect=true` (interactive use: the engine slot is freed at once)."""
-    await service.get(state, tenant, job_id)  # 404 before the stream starts
+    await service.check_owner(state, tenant, job_id)  # 404 before the stream starts
     after = last_event_id or last_event_id_q
     if after is not None and not is_valid_id(after):
         raise InvalidRequest("Last-Event-ID must be a stream id like 1700000000000-0",
