@@ -71,9 +71,6 @@ def run_inprocess(settings: Settings, model: str, levels: list[int], requests: i
     return out
 
 
-
-
-
 def _params(settings: Settings, model: str, i: int, max_tokens: int) -> SamplingParams:
     cfg = settings.models()[model]
     return SamplingParams(max_tokens=max_tokens, temperature=SAMPLING["temperature"],

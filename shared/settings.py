@@ -59,8 +59,8 @@ class ModelConfig(BaseModel):
     prefix_cache: bool = True
     # After a step that carries some job's first token, wait up to this long for the
     # publisher to have it in Redis before the next step: on a host where the API and Redis
-    # share the cores, the next llama_decode would otherwise compete with that write (c=1
-    # TTFT +2-4 ms measured here). Costs the engine one Redis round trip per job.
+    # share the cores, the next llama_decode would otherwise compete with that write (it
+    # took 2.5-4 ms behind a decode here). Costs the engine one Redis round trip per job.
     first_token_flush_ms: float = Field(default=20.0, ge=0.0)
     # vLLM (names as in vLLM)
     gpu_memory_utilization: float = 0.9
