@@ -149,20 +149,27 @@ def one_openai(client: httpx.Client, body: dict[str, Any]) -> Sample:
 SAMPLING: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "top_k": 40}
 
 
+def request_body(model: str, prompt: str, max_tokens: int, seed: int,
+                 stop: list[str] | None = None) -> dict[str, Any]:
+    """One benchmark request, the same for every peer. `stop`: the model's tokenq stop
+    strings (tokenq would add them on its own; a peer that is not told stops later and never
+    holds back a token that might begin one, which is less work than tokenq's)."""
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                            "seed": seed, **SAMPLING}
+    if stop:
+        body["stop"] = stop
+    return body
+
+
 def run_level(url: str, model: str, concurrency: int, requests: int, prompt_words: int,
               max_tokens: int, progress: Progress | None = None, api: str = "native",
               stop: list[str] | None = None) -> Level:
-    """`stop`: sent to every peer when the model's tokenq entry has stop strings (tokenq
-    would add them on its own; a peer that is not told stops later and never holds back a
-    token that might begin one, which is less work than tokenq's)."""
     lock = threading.Lock()
     task = progress.add_task(f"c={concurrency}", total=requests) if progress else None
 
     def go(i: int) -> Sample:
-        body = {"model": model, "prompt": prompt_text(i, prompt_words, concurrency),
-                "max_tokens": max_tokens, "seed": i, **SAMPLING}
-        if stop:
-            body["stop"] = stop
+        body = request_body(model, prompt_text(i, prompt_words, concurrency), max_tokens, i,
+                            stop)
         s = one_job(client, body) if api == "native" else one_openai(client, body)
         if progress is not None and task is not None:
             with lock:

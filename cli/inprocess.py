@@ -17,11 +17,11 @@ from typing import Any
 
 import httpx
 
-from cli.bench import SAMPLING, Level, Sample, one_job, prompt_text
+from cli.bench import SAMPLING, Level, Sample, one_job, prompt_text, request_body
 from shared.models import gguf_path
 from shared.redis_server import free_port
 from shared.schemas import SamplingParams
-from shared.settings import Settings
+from shared.settings import ModelConfig, Settings
 from workers.engines.base import EngineRequest, StepOutput
 
 
@@ -58,7 +58,7 @@ def run_inprocess(settings: Settings, model: str, levels: list[int], requests: i
                 with lock:
                     waiters[job_id] = (done, sample)
                 engine.submit(EngineRequest(job_id=job_id, attempt=1, prompt=prompt_text(
-                    i, prompt_words, c), params=_params(settings, model, i, max_tokens)))
+                    i, prompt_words, c), params=_params(cfg, i, max_tokens)))
                 done.wait(600)
                 return sample
 
@@ -71,8 +71,7 @@ def run_inprocess(settings: Settings, model: str, levels: list[int], requests: i
     return out
 
 
-def _params(settings: Settings, model: str, i: int, max_tokens: int) -> SamplingParams:
-    cfg = settings.models()[model]
+def _params(cfg: ModelConfig, i: int, max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=SAMPLING["temperature"],
                           top_p=SAMPLING["top_p"], top_k=SAMPLING["top_k"],
                           repetition_penalty=1.0, seed=i, stop=cfg.stop)
@@ -109,15 +108,11 @@ def paired_ttft(settings: Settings, model: str, pairs: int, prompt_words: int,
                 ended[job_id] = threading.Event()
                 t0 = time.perf_counter()
                 engine.submit(EngineRequest(job_id=job_id, attempt=1, prompt=prompt_text(
-                    i, prompt_words, 1001), params=_params(settings, model, i, max_tokens)))
+                    i, prompt_words, 1001), params=_params(cfg, i, max_tokens)))
                 if not ended[job_id].wait(600) or job_id not in first:
                     raise RuntimeError(f"in-process job {i} produced no token")
-                body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "seed": i,
-                                        "prompt": prompt_text(i, prompt_words, 1002),
-                                        **SAMPLING}
-                if cfg.stop:
-                    body["stop"] = cfg.stop
-                sample = one_job(client, body)
+                sample = one_job(client, request_body(
+                    model, prompt_text(i, prompt_words, 1002), max_tokens, i, cfg.stop))
                 if not sample.ok:
                     raise RuntimeError(f"tokenq job {i} failed")
                 if i:
