@@ -20,7 +20,7 @@ from api.auth import KeyAuth, load_keys
 from api.deps import AppState
 from api.limits import BodyLimit
 from api.openai.batch_driver import BatchDriver
-from api.routes import adapters, admin, batches, files, jobs, openai, ops
+from api.routes import adapters, admin, batches, files, jobs, openai, ops, tokenize
 from api.streams import StreamHub
 from api.tokens import PromptCounter
 from shared.celery_app import create_celery
@@ -80,6 +80,7 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(openai.router)
+    app.include_router(tokenize.router)
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(ops.router)

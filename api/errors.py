@@ -31,7 +31,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(TokenqError)
     async def _domain(_: Request, exc: TokenqError) -> JSONResponse:
         retry_after = getattr(exc, "retry_after", None)
-        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+        if exc.should_retry is not None:
+            headers["x-should-retry"] = "true" if exc.should_retry else "false"
         return envelope(exc.status, exc.message, exc.type, exc.code, exc.param, headers)
 
     @app.exception_handler(RequestValidationError)

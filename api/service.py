@@ -60,6 +60,10 @@ def resolve_params(req: JobRequest, cfg: ModelConfig, max_tokens_limit: int,
                             else req.repetition_penalty),
         stop=[*stops, *(s for s in cfg.stop if s not in stops)],
         seed=req.seed,
+        min_p=cfg.min_p if req.min_p is None else req.min_p,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
         json_schema=json_schema_of(req.response_format),
     )
 
@@ -122,6 +126,10 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
     except Exception as exc:
         raise InvalidRequest(f"could not apply the chat template: {exc}",
                              param="messages") from exc
+    n_vocab = await state.counter.n_vocab(base, cfg)
+    if params.logit_bias and n_vocab is not None and max(params.logit_bias) >= n_vocab:
+        raise InvalidRequest(f"logit_bias: token ids are below this model's vocabulary size "
+                             f"{n_vocab}", param="logit_bias")
     if n_prompt + params.max_tokens > context:
         raise ContextLengthExceeded(
             f"this model's context is {context} tokens; the prompt has {n_prompt} and "

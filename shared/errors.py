@@ -9,6 +9,10 @@ class TokenqError(Exception):
     status = 500
     type = "server_error"
     code: str | None = "internal_error"
+    # False: the answer says `x-should-retry: false`, so the OpenAI SDK does not resend a
+    # request whose job already ran to a terminal failure (a poison request would otherwise
+    # run once per SDK retry). None: the SDK's own rule by status.
+    should_retry: bool | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)

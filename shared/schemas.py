@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
@@ -20,6 +20,19 @@ EVENT_DONE = "done"
 EVENT_ERROR = "error"
 EVENT_CANCELLED = "cancelled"
 TERMINAL_EVENTS: frozenset[str] = frozenset({EVENT_DONE, EVENT_ERROR, EVENT_CANCELLED})
+
+
+def _bias_entries(v: dict[str, float]) -> dict[str, float]:
+    for k, bias in v.items():
+        if not k.isdigit():
+            raise ValueError(f"logit_bias keys are token ids; {k!r} is not one")
+        if not -100.0 <= bias <= 100.0:
+            raise ValueError(f"logit_bias values are in [-100, 100]; got {bias}")
+    return v
+
+
+# OpenAI's shape: token id (as a string) -> bias in [-100, 100]; at most 300 entries.
+LogitBias = Annotated[dict[str, float], Field(max_length=300), AfterValidator(_bias_entries)]
 
 
 class ChatMessage(BaseModel):
@@ -61,6 +74,10 @@ class SamplingParams(BaseModel):
     repetition_penalty: float
     stop: list[str] = Field(default_factory=list)
     seed: int | None = None
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = Field(default_factory=dict)  # token id -> added to its logit
     # Structured output: the JSON schema the text must satisfy ({"type": "object"} for
     # response_format json_object). llama.cpp turns it into a grammar, vLLM into
     # structured-output params. None = free text.
@@ -80,6 +97,10 @@ class JobRequest(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: LogitBias | None = None
     stop: str | list[str] | None = None
     # Engines take a 64-bit seed; a bigger number is an error here, not a crash there.
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)

@@ -84,6 +84,7 @@ class ModelConfig(BaseModel):
     temperature: float = 0.7
     top_p: float = 0.95
     top_k: int = 40
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     max_tokens: int = 256
     repeat_penalty: float = 1.0
     # Stop strings added to every request for this model (e.g. turn markers of a base model).

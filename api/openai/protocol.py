@@ -2,20 +2,23 @@
 
 A request becomes a native JobRequest (`to_job`), so it runs through the same
 queue, leases and streams as a job posted to /v1/jobs. Unknown fields are
-ignored the way vLLM's server ignores them; fields tokenq cannot honour
-(n > 1, logprobs, tools, logit_bias, echo, suffix) are refused with a 400
+ignored and named in a warning in the log, as vLLM's server does; fields tokenq
+cannot honour (n > 1, logprobs, tools, echo, suffix) are refused with a 400
 rather than silently dropped.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.errors import InvalidRequest
-from shared.schemas import ChatMessage, JobRecord, JobRequest, Priority, ResponseFormat
+from shared.schemas import ChatMessage, JobRecord, JobRequest, LogitBias, Priority, ResponseFormat
+
+log = logging.getLogger(__name__)
 
 ChatEndpoint = "/v1/chat/completions"
 CompletionEndpoint = "/v1/completions"
@@ -25,7 +28,8 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # vLLM's way: accept unknown fields, ignore them and say so in the log.
+    model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -33,6 +37,7 @@ class _Common(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)  # vLLM's extension; -1 = off
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)  # vLLM's extension
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     stop: str | list[str] | None = None
@@ -41,22 +46,21 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: LogitBias | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
     priority: Priority | None = None  # tokenq extension; batch lines run at `low`
 
     @model_validator(mode="after")
     def _supported(self) -> _Common:
+        if self.model_extra:
+            log.warning("The following fields were present in the request but ignored: %s",
+                        sorted(self.model_extra))
+            self.model_extra.clear()
         if self.n not in (None, 1):
             raise ValueError("n: only n=1 is supported (send several requests instead)")
         if self.logprobs:
             raise ValueError("logprobs: not supported")
-        if self.logit_bias:
-            raise ValueError("logit_bias: not supported")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(self, name):
-                raise ValueError(f"{name}: not supported; use repetition_penalty")
         return self
 
     def _job(self, **kw: Any) -> JobRequest:
@@ -64,6 +68,8 @@ class _Common(BaseModel):
             model=self.model, max_tokens=self.max_tokens, temperature=self.temperature,
             top_p=self.top_p, top_k=None if self.top_k == -1 else self.top_k,
             repetition_penalty=self.repetition_penalty, stop=self.stop, seed=self.seed,
+            min_p=self.min_p, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias,
             priority=self.priority or "normal", metadata=self.metadata, **kw)
 
 class ChatCompletionRequest(_Common):
@@ -89,6 +95,7 @@ class CompletionRequest(_Common):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    response_format: ResponseFormat | None = None  # vLLM accepts it on completions too
 
     @model_validator(mode="after")
     def _plain(self) -> CompletionRequest:
@@ -100,7 +107,7 @@ class CompletionRequest(_Common):
 
     def to_job(self) -> JobRequest:
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-        return self._job(prompt=prompt)
+        return self._job(prompt=prompt, response_format=self.response_format)
 
 def parse(endpoint: str, body: dict[str, Any]) -> ChatCompletionRequest | CompletionRequest:
     """A body for `endpoint` (batch lines use this; routes let FastAPI do it)."""

@@ -29,7 +29,7 @@ from api.openai.protocol import (
     final_response,
     now,
 )
-from shared.errors import Conflict, InvalidRequest, JobExpired, JobFailed
+from shared.errors import Conflict, InvalidRequest, JobExpired, JobFailed, TokenqError
 from shared.jobs import dumps
 from shared.schemas import JobRecord
 
@@ -53,18 +53,23 @@ async def create(state: AppState, tenant: str, endpoint: str,
 
 
 def raise_for_state(rec: JobRecord) -> JobRecord:
-    """A terminal record that is not `succeeded` becomes the matching OpenAI error."""
+    """A terminal record that is not `succeeded` becomes the matching OpenAI error, marked
+    not to be retried: the job already ran (its worker attempts included) to this end."""
     if rec.state == "succeeded":
         return rec
-    if rec.state == "cancelled":
-        raise Conflict(f"job {rec.id} was cancelled", code="cancelled")
-    if rec.state == "expired":
-        raise JobExpired(f"job {rec.id} passed its deadline before it could run")
+    exc: TokenqError
     err = rec.error
-    if err is not None and err.code in CLIENT_ERROR_CODES:
-        raise InvalidRequest(err.message, code=err.code)
-    raise JobFailed(err.message if err else f"job {rec.id} failed",
-                    code=err.code if err else None)
+    if rec.state == "cancelled":
+        exc = Conflict(f"job {rec.id} was cancelled", code="cancelled")
+    elif rec.state == "expired":
+        exc = JobExpired(f"job {rec.id} passed its deadline before it could run")
+    elif err is not None and err.code in CLIENT_ERROR_CODES:
+        exc = InvalidRequest(err.message, code=err.code)
+    else:
+        exc = JobFailed(err.message if err else f"job {rec.id} failed",
+                        code=err.code if err else None)
+    exc.should_retry = False
+    raise exc
 
 
 def _cancel_later(state: AppState, tenant: str, job_id: str) -> None:

@@ -83,6 +83,7 @@ class Engine(Protocol):
 
     backend: str
     slots: int
+    max_model_len: int  # tokens one job may use (prompt + output); known once started
 
     def start(self, sink: Sink) -> None:
         """Load the model and start the engine loop; outputs go to `sink`."""

@@ -84,6 +84,7 @@ class LlamaCppEngine:
         self.model_path = model_path
         self.slots = cfg.n_parallel
         self.n_ctx_seq = cfg.n_ctx // cfg.n_parallel
+        self.max_model_len = self.n_ctx_seq
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._waiting: list[EngineRequest] = []
         self._active: dict[int, _Seq] = {}

@@ -72,10 +72,11 @@ class Vocab:
             return prompt or ""
         return render_chat(self.chat_template, messages, self.bos_text, self.eos_text)
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         data = text.encode()
         # A template that writes the BOS text itself must not get a second BOS.
-        add_special = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
+        add_special = add_special and self.add_bos and not (
+            self.bos_text and text.startswith(self.bos_text))
         buf = (ll.llama_token * (len(data) + 8))()
         n = ll.llama_tokenize(self.vocab, data, len(data), buf, len(buf), add_special, True)
         if n < 0:
@@ -95,6 +96,20 @@ class Vocab:
             n = ll.llama_token_to_piece(self.vocab, tok, buf, -n, 0, False)
         self._pieces[tok] = buf.raw[:n]
         return self._pieces[tok]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """Token ids -> text (special tokens as their text, as vLLM's /detokenize does)."""
+        if any(t < 0 or t >= self.n_vocab for t in tokens):
+            raise ValueError(f"token ids are in [0, {self.n_vocab})")
+        return b"".join(self._special_piece(t) for t in tokens).decode(errors="replace")
+
+    def _special_piece(self, tok: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(self.vocab, tok, buf, 64, 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, tok, buf, -n, 0, True)
+        return buf.raw[:n]
 
     def is_eog(self, tok: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self.vocab, tok))

@@ -114,6 +114,7 @@ class VllmEngine:
         self._stats = _Stats()
         self._sink: Sink | None = None
         self.llm: Any = None
+        self.max_model_len = cfg.max_model_len or 0  # the engine's own value once started
         self._lora_users: dict[int, int] = {}  # version id -> jobs in flight using it
         self._lora_wanted: set[int] = set()  # versions the registry serves
 
@@ -292,7 +293,9 @@ class VllmEngine:
                       if p.json_schema is not None else None)
         return SamplingParams(
             max_tokens=max_tokens, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-            repetition_penalty=p.repetition_penalty, seed=p.seed,
+            repetition_penalty=p.repetition_penalty, seed=p.seed, min_p=p.min_p,
+            presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+            logit_bias=p.logit_bias or None,
             output_kind=RequestOutputKind.DELTA, structured_outputs=structured)
 
     async def _run(self, req: EngineRequest) -> None:
