@@ -64,6 +64,7 @@ def resolve_params(req: JobRequest, cfg: ModelConfig, max_tokens_limit: int,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
+        logprobs=req.logprobs,
         json_schema=json_schema_of(req.response_format),
     )
 

@@ -11,6 +11,7 @@ JobState = Literal["queued", "running", "succeeded", "failed", "cancelled", "exp
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
 Priority = Literal["high", "normal", "low"]
 FinishReason = Literal["stop", "length"]
+MAX_TOP_LOGPROBS = 20  # OpenAI's top_logprobs bound and vLLM's default max_logprobs
 
 # SSE event names (DESIGN.md, must).
 EVENT_QUEUED = "queued"
@@ -78,6 +79,9 @@ class SamplingParams(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = Field(default_factory=dict)  # token id -> added to its logit
+    # Per-token logprobs with this many alternatives (0: the sampled token's only);
+    # None: none. Token events then carry a `logprobs` object.
+    logprobs: int | None = None
     # Structured output: the JSON schema the text must satisfy ({"type": "object"} for
     # response_format json_object). llama.cpp turns it into a grammar, vLLM into
     # structured-output params. None = free text.
@@ -101,6 +105,8 @@ class JobRequest(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: LogitBias | None = None
+    # Token events carry the sampled token's logprob and this many alternatives (0-20).
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     stop: str | list[str] | None = None
     # Engines take a 64-bit seed; a bigger number is an error here, not a crash there.
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)

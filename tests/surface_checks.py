@@ -100,3 +100,101 @@ def check_sampling_bad_input(oai: openai.OpenAI, model: str) -> None:
             assert isinstance(exc.body, dict) and "message" in exc.body
         else:
             raise AssertionError(f"{kw} was accepted")
+
+
+CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+def _check_entry(e: object, k: int) -> None:
+    token, lp, raw, top = (getattr(e, a) for a in ("token", "logprob", "bytes", "top_logprobs"))
+    assert isinstance(token, str) and isinstance(lp, float) and lp <= 0.0
+    assert isinstance(raw, list) and len(top) == k
+    lps = [t.logprob for t in top]
+    assert lps == sorted(lps, reverse=True) and all(x <= 0.0 for x in lps)
+    # Greedy decoding of the raw distribution: the sampled token is the most likely one.
+    if k:
+        assert abs(top[0].logprob - lp) < 1e-3
+
+
+def check_logprobs(oai: openai.OpenAI, model: str) -> None:
+    kw: dict[str, object] = {"model": model, "messages": CHAT, "max_tokens": 6,
+                             "temperature": 0}
+    out = oai.chat.completions.create(logprobs=True, top_logprobs=3, **kw)  # type: ignore[call-overload]
+    choice = out.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content
+    content = choice.logprobs.content
+    assert out.usage is not None and len(content) == out.usage.completion_tokens
+    for e in content:
+        _check_entry(e, 3)
+    assert b"".join(bytes(e.bytes or []) for e in content).decode() == choice.message.content
+    streamed = [e for c in oai.chat.completions.create(  # type: ignore[call-overload]
+        logprobs=True, top_logprobs=3, stream=True, **kw)
+        if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    plain = oai.chat.completions.create(**kw)  # type: ignore[call-overload]
+    assert plain.choices[0].logprobs is None
+    # completions: parallel lists, one top-k dict per token
+    comp = oai.completions.create(model=model, prompt="The capital of France is",
+                                  max_tokens=5, temperature=0, logprobs=2)
+    lp = comp.choices[0].logprobs
+    assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs
+    assert lp.text_offset is not None
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs)
+    assert all(1 <= len(d) <= 2 for d in lp.top_logprobs)
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    assert "".join(lp.tokens) == comp.choices[0].text
+    chunks = list(oai.completions.create(model=model, prompt="The capital of France is",
+                                         max_tokens=5, temperature=0, logprobs=2,
+                                         stream=True))
+    toks = [t for c in chunks if c.choices[0].logprobs
+            for t in c.choices[0].logprobs.tokens or []]
+    assert toks == lp.tokens
+
+
+def check_n(oai: openai.OpenAI, model: str) -> None:
+    hot = oai.completions.create(model=model, prompt="My favourite animal is", n=3,
+                                 max_tokens=8, temperature=1.5, seed=5)
+    assert [c.index for c in hot.choices] == [0, 1, 2]
+    assert len({c.text for c in hot.choices}) > 1  # seed + i per choice
+    greedy = oai.chat.completions.create(model=model, messages=CHAT, n=2,  # type: ignore[arg-type]
+                                         max_tokens=6, temperature=0)
+    assert [c.index for c in greedy.choices] == [0, 1]
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
+    one = oai.chat.completions.create(model=model, messages=CHAT, max_tokens=6,  # type: ignore[arg-type]
+                                      temperature=0)
+    assert greedy.usage is not None and one.usage is not None
+    assert greedy.usage.prompt_tokens == one.usage.prompt_tokens
+    assert greedy.usage.completion_tokens == 2 * one.usage.completion_tokens
+    texts: dict[int, str] = {0: "", 1: ""}
+    finishes: dict[int, str] = {}
+    usage = None
+    for c in oai.chat.completions.create(model=model, messages=CHAT, n=2, max_tokens=6,  # type: ignore[arg-type]
+                                         temperature=0, stream=True,
+                                         stream_options={"include_usage": True}):
+        if c.usage is not None:
+            usage = c.usage
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+            if ch.finish_reason:
+                finishes[ch.index] = ch.finish_reason
+    assert texts == {0: one.choices[0].message.content, 1: one.choices[0].message.content}
+    assert set(finishes) == {0, 1}
+    assert usage is not None and usage.completion_tokens == greedy.usage.completion_tokens
+
+
+def check_logprobs_n_bad_input(oai: openai.OpenAI, model: str) -> None:
+    for kw in ({"n": 9}, {"n": 0}, {"logprobs": True, "top_logprobs": 21},
+               {"top_logprobs": 2}, {"logprobs": True, "top_logprobs": -1}):
+        try:
+            oai.chat.completions.create(model=model, messages=CHAT, max_tokens=2,  # type: ignore[call-overload]
+                                        **kw)
+        except openai.BadRequestError as exc:
+            assert isinstance(exc.body, dict) and "message" in exc.body
+        else:
+            raise AssertionError(f"{kw} was accepted")
+    try:
+        oai.completions.create(model=model, prompt="x", max_tokens=2, logprobs=21)
+    except openai.BadRequestError:
+        pass
+    else:
+        raise AssertionError("completions logprobs=21 was accepted")

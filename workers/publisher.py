@@ -158,7 +158,10 @@ class Publisher:
         for (job_id, attempt), toks in by_job.items():
             args: list[str | int] = [attempt, s.stream_maxlen]
             for t in toks:
-                args += [dumps({"text": t.text, "index": t.index}), t.token_id, t.index]
+                data: dict[str, object] = {"text": t.text, "index": t.index}
+                if t.logprobs is not None:
+                    data["logprobs"] = t.logprobs
+                args += [dumps(data), t.token_id, t.index]
             self._append(keys=keys.job_script_keys(job_id)[:3], args=args, client=pipe)
             appended.append((job_id, attempt))
         # The handles' text feeds FINISH's `output` below; remember where each stood so a

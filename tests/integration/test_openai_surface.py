@@ -97,3 +97,18 @@ def test_terminal_failure_says_do_not_retry(stack: Stack, stack_redis: redis.Red
     resp = result["r"]
     assert resp.status_code == 409 and resp.headers["x-should-retry"] == "false"
     assert resp.json()["error"]["code"] == "cancelled"
+
+
+def test_logprobs_chat_and_completions(oai: openai.OpenAI) -> None:
+    checks.check_logprobs(oai, SMOL)
+
+
+def test_n_choices(oai: openai.OpenAI) -> None:
+    checks.check_n(oai, SMOL)
+
+
+def test_logprobs_and_n_bad_input_enqueues_nothing(oai: openai.OpenAI,
+                                                   stack_redis: redis.Redis) -> None:
+    before = stack_redis.llen(keys.queue(SMOL, "normal"))
+    checks.check_logprobs_n_bad_input(oai, SMOL)
+    assert stack_redis.llen(keys.queue(SMOL, "normal")) == before

@@ -44,3 +44,15 @@ def test_sampling_bad_input_enqueues_nothing(voai: openai.OpenAI, vllm_stack: St
     checks.check_sampling_bad_input(voai, TINY)
     assert r.llen(keys.queue(TINY, "normal")) == before
     r.close()
+
+
+def test_logprobs_chat_and_completions(voai: openai.OpenAI) -> None:
+    checks.check_logprobs(voai, TINY)
+
+
+def test_n_choices(voai: openai.OpenAI) -> None:
+    checks.check_n(voai, TINY)
+
+
+def test_logprobs_and_n_bad_input(voai: openai.OpenAI) -> None:
+    checks.check_logprobs_n_bad_input(voai, TINY)

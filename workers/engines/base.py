@@ -39,6 +39,7 @@ class TokenDelta:
     index: int
     text: str
     token_id: int
+    logprobs: dict[str, Any] | None = None  # workers/engines/logprobs.entry, when asked
 
 
 @dataclass(slots=True)
