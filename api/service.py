@@ -114,9 +114,15 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
             raise ModelNotFound(f"model {req.model!r} is not served here", param="model")
         base, adapter = found
         cfg = state.models[base]
+    if cfg.embedding != (req.input is not None):
+        raise InvalidRequest(
+            f"model {req.model!r} is an embedding model: use /v1/embeddings" if cfg.embedding
+            else f"model {req.model!r} does not make embeddings", param="model")
     params = resolve_params(req, cfg, s.max_tokens_limit, s.max_stop_sequences)
     backend = select_backend(cfg)
     context = cfg.context_length(backend)
+    if req.input is not None:
+        return await _prepare_embedding(state, tenant, req, base, cfg, context, params)
     if params.max_tokens >= context:
         raise ContextLengthExceeded(
             f"max_tokens={params.max_tokens} does not fit this model's context of {context}",
@@ -154,6 +160,26 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
         fields["adapter"] = adapter.name
         fields["adapter_version"] = str(adapter.id)
     return Prepared(base, req.priority, n_prompt, fields, params.max_tokens)
+
+
+async def _prepare_embedding(state: AppState, tenant: str, req: JobRequest, base: str,
+                             cfg: ModelConfig, context: int, params: SamplingParams) -> Prepared:
+    """Every input must fit the model's context on its own (inputs are not truncated)."""
+    assert req.input is not None
+    n_prompt = 0
+    for i, text in enumerate(req.input):
+        n = await state.counter.count(base, cfg, text, None)
+        if n > context or not text:
+            raise ContextLengthExceeded(
+                f"input[{i}] has {n} tokens; this model takes 1 to {context} per input",
+                param="input")
+        n_prompt += n
+    spec = {"inputs": req.input, "params": params.model_dump()}
+    fields = {"owner": tenant, "model": base, "backend": select_backend(cfg),
+              "priority": req.priority, "state": "queued", "attempts": "0",
+              "request": dumps({"model": req.model, "input_count": len(req.input)}),
+              "spec": dumps(spec), "prompt_tokens": str(n_prompt)}
+    return Prepared(base, req.priority, n_prompt, fields, 0)
 
 
 async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = None,

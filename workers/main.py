@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 def build_engine(settings: Settings, model: str) -> Engine:
     cfg = settings.models()[model]
     backend = select_backend(cfg)
+    if backend == "llama" and cfg.embedding:
+        from workers.engines.llamacpp_embed import LlamaEmbedEngine
+
+        if settings.worker_threads:
+            cfg = cfg.model_copy(update={"n_threads": settings.worker_threads})
+        return LlamaEmbedEngine(cfg, gguf_path(cfg, settings.state_dir))
     if backend == "llama":
         from workers.engines.llamacpp import LlamaCppEngine
 

@@ -208,7 +208,9 @@ class Publisher:
         usage = {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
                  "total_tokens": f.prompt_tokens + f.completion_tokens}
         fields["usage"] = dumps(usage)
-        if handle is not None:
+        if f.output is not None:
+            fields["output"] = f.output
+        elif handle is not None:
             fields["output"] = "".join(handle.text)
         if f.reason in ("stop", "length"):
             fields["finish_reason"] = f.reason

@@ -203,6 +203,7 @@ class WorkerRuntime:
             self.engine.submit(EngineRequest(
                 job_id=job_id, attempt=attempt, prompt=spec.get("prompt"),
                 messages=spec.get("messages"), resume_token_ids=token_ids,
+                inputs=spec.get("inputs"),
                 params=SamplingParams.model_validate(spec["params"]),
                 adapter=AdapterRef.model_validate(spec["adapter"]) if spec.get("adapter")
                 else None))

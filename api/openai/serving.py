@@ -54,7 +54,7 @@ async def create(state: AppState, tenant: str, endpoint: str,
         return EventSourceResponse(
             _chunks(state, tenant, endpoint, jobs, body.model, include_usage),
             ping=s.sse_ping_s, send_timeout=s.sse_send_timeout_s, headers=headers)
-    ended = await _await_all(state, tenant, jobs, request, want_lp)
+    ended = await await_all(state, tenant, jobs, request, want_lp)
     recs = [raise_for_state(rec) for rec, _ in ended]
     lps = [lp for _, lp in ended] if want_lp else None
     return JSONResponse(final_response(endpoint, recs, lps), headers=headers)
@@ -109,7 +109,7 @@ def _cancel_later(state: AppState, tenant: str, job_id: str) -> None:
     task.add_done_callback(_background.discard)
 
 
-async def _await_all(state: AppState, tenant: str, jobs: list[str], request: Request,
+async def await_all(state: AppState, tenant: str, jobs: list[str], request: Request,
                      want_lp: bool) -> list[tuple[JobRecord, list[dict[str, Any]]]]:
     """Wait for every choice's job to end, keeping each one's logprobs entries when asked.
     A client that goes away cancels them all."""

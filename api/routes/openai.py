@@ -9,7 +9,9 @@ from fastapi.responses import Response
 
 from api import adapters
 from api.deps import StateDep, TenantDep
+from api.openai import embeddings as embeddings_logic
 from api.openai import serving
+from api.openai.embeddings import EmbeddingRequest
 from api.openai.protocol import (
     ChatCompletionRequest,
     ChatEndpoint,
@@ -59,6 +61,12 @@ def _model(name: str, parent: str | None, max_model_len: int, root: str | None =
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: StateDep,
                            tenant: TenantDep) -> Response:
     return await serving.create(state, tenant, ChatEndpoint, body, request)
+
+
+@router.post("/embeddings", response_model=None)
+async def embeddings(body: EmbeddingRequest, request: Request, state: StateDep,
+                     tenant: TenantDep) -> Response:
+    return await embeddings_logic.create(state, tenant, body, request)
 
 
 @router.post("/completions", response_model=None)

@@ -30,6 +30,8 @@ class EngineRequest:
     resume_token_ids: list[int] = field(default_factory=list)
     # LoRA adapter version pinned when the job was submitted; None = the base model.
     adapter: AdapterRef | None = None
+    # An embedding job: the texts to embed (prompt and messages are then None).
+    inputs: list[str] | None = None
 
 
 @dataclass(slots=True)
@@ -51,6 +53,8 @@ class Finished:
     completion_tokens: int
     error_code: str | None = None
     error_message: str | None = None
+    # The job's result when it is not its token text (an embedding job's vectors, JSON).
+    output: str | None = None
 
 
 @dataclass(slots=True)

@@ -54,12 +54,20 @@ class Vocab:
         self.model = model
         self.vocab = ll.llama_model_get_vocab(model)
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        # A vocab_only load has no hyperparameters: read the size from the metadata.
+        self.n_embd = int(ll.llama_model_n_embd(model)) or int(
+            self._meta(f"{self._meta('general.architecture')}.embedding_length") or 0)
         self._pieces: dict[int, bytes] = {}
         tmpl = ll.llama_model_chat_template(model, None)
         self.chat_template = cfg.chat_template or (tmpl.decode() if tmpl else None)
         self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
         self.bos_text = self._text(ll.llama_vocab_bos(self.vocab))
         self.eos_text = self._text(ll.llama_vocab_eos(self.vocab))
+
+    def _meta(self, key: str) -> str:
+        buf = ctypes.create_string_buffer(128)
+        n = ll.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode() if n >= 0 else ""
 
     def _text(self, tok: int) -> str:
         if tok < 0:
