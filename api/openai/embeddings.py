@@ -68,7 +68,7 @@ async def create(state: AppState, tenant: str, body: EmbeddingRequest,
     return JSONResponse(
         {"id": "embd-" + rec.id.removeprefix("job_"), "object": "list",
          "created": int(rec.created_at), "model": body.model, "data": data,
-         "usage": {"prompt_tokens": n, "total_tokens": n}},
+         "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0}},
         headers={"X-Tokenq-Job-Id": rec.id})
 
 

@@ -178,7 +178,7 @@ async def _chunks(state: AppState, tenant: str, endpoint: str, jobs: list[str], 
                 u = data.get("usage") or {}
                 prompt_tokens = int(u.get("prompt_tokens", 0))
                 completion_tokens += int(u.get("completion_tokens", 0))
-                yield sse(chunk(endpoint, first, model, created, index=i,
+                yield sse(chunk(endpoint, first, model, created, index=i, text="",
                                 finish_reason=data["finish_reason"]))
             elif event in ("error", "cancelled"):
                 # An error after the stream started goes out as a stream event (vLLM's way);
