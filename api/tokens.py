@@ -10,6 +10,7 @@ lower-bound estimate and the worker enforces the exact limit.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 from typing import Any, Protocol
@@ -108,6 +109,8 @@ class HfVocab:
 
         self.tok: Any = AutoTokenizer.from_pretrained(str(path))
         self.n_vocab = len(self.tok)
+        config = json.loads((path / "config.json").read_text())
+        self.n_embd = int(config.get("hidden_size") or config.get("d_model") or 0)
         self.chat_template = cfg.chat_template or self.tok.chat_template
         self.bos_text = self.tok.bos_token or ""
         self.eos_text = self.tok.eos_token or ""

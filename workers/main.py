@@ -67,6 +67,10 @@ def _vllm_engine(settings: Settings, model: str, cfg: ModelConfig) -> Engine:
         raise SystemExit(
             f"model {model!r}: vLLM serves a Hugging Face folder and {path} has none; "
             f"run `tokenq models convert {model}` once (GGUF -> safetensors)")
+    if cfg.embedding:
+        from workers.engines.vllm_embed import VllmEmbedEngine
+
+        return VllmEmbedEngine(cfg, path)
     from workers.engines.vllm import VllmEngine
 
     return VllmEngine(cfg, path)

@@ -29,7 +29,7 @@ def oai(stack: Stack) -> Iterator[openai.OpenAI]:
 
 def test_listed_with_its_context(oai: openai.OpenAI) -> None:
     listed = {m.id: m for m in oai.models.list()}
-    assert EMBED in listed and listed[EMBED].max_model_len == 512  # type: ignore[attr-defined]
+    assert EMBED in listed and listed[EMBED].max_model_len == 256  # type: ignore[attr-defined]
 
 
 def test_paraphrase_ranks_above_unrelated(oai: openai.OpenAI, client: httpx.Client) -> None:
@@ -71,8 +71,8 @@ def test_many_inputs_batched(oai: openai.OpenAI) -> None:
 
 
 @pytest.mark.parametrize("body", [
-    {"input": "word " * 600},  # over the 512-token context
-    {"input": ["fine", "word " * 600]},
+    {"input": "word " * 300},  # over the 256-token context
+    {"input": ["fine", "word " * 300]},
     {"input": []},
     {"input": ""},
     {"input": "x", "dimensions": 128},

@@ -115,6 +115,7 @@ class VllmEngine:
         self._stats = _Stats()
         self._sink: Sink | None = None
         self.llm: Any = None
+        self.extra_args: dict[str, Any] = {}  # more engine args (the embedding runner's)
         self.max_model_len = cfg.max_model_len or 0  # the engine's own value once started
         self._lora_users: dict[int, int] = {}  # version id -> jobs in flight using it
         self._lora_wanted: set[int] = set()  # versions the registry serves
@@ -223,7 +224,7 @@ class VllmEngine:
             # CUDA graphs / torch.compile take minutes to capture on CPU for no gain here.
             enforce_eager=c.enforce_eager if c.enforce_eager is not None else not has_nvidia_gpu(),
             enable_chunked_prefill=c.enable_chunked_prefill,
-            disable_log_stats=False, enable_log_requests=False,
+            disable_log_stats=False, enable_log_requests=False, **self.extra_args,
             **({"enable_lora": True, "max_loras": c.max_loras, "max_lora_rank": c.max_lora_rank,
                 "max_cpu_loras": c.max_cpu_loras} if c.enable_lora else {}),
         )
