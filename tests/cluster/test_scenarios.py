@@ -18,7 +18,7 @@ from openai import OpenAI
 from tests.cluster.harness import MODEL, Cluster, Reader, check_history, sh, submit, wait_for
 
 # Long enough that a fault lands mid-stream and the new attempt still has work to do.
-LONG = 400
+LONG = 200
 FIGURES: dict[str, Any] = {}
 
 
@@ -98,7 +98,10 @@ def test_stream_resumes_on_another_replica(cluster: Cluster) -> None:
 
 
 def test_killed_worker_is_taken_over(cluster: Cluster) -> None:
-    worker_fault(cluster, "worker_kill", lambda cid: sh("docker", "kill", cid), None, 0)
+    # Docker does not restart a container it was told to kill: start it again later, as a
+    # supervisor brings a crashed host back.
+    worker_fault(cluster, "worker_kill", lambda cid: sh("docker", "kill", cid),
+                 lambda cid: sh("docker", "start", cid), hold_s=8)
 
 
 def test_partitioned_worker_is_fenced_off_after_healing(cluster: Cluster) -> None:

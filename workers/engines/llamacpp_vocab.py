@@ -50,7 +50,9 @@ def _load_cpu_backends() -> None:
     if not any(lib_dir.glob("libggml-cpu-*.so")):
         return
     _allow_amx()
-    ggml = ctypes.CDLL(str(lib_dir / "libggml.so"))
+    # Through libllama's handle: dlsym then searches its dependencies, so this is the libggml
+    # copy libllama itself uses (the wheel holds libggml.so and libggml.so.0 as two files).
+    ggml = ctypes.CDLL(str(lib_dir / "libllama.so"))
     ggml.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
     ggml.ggml_backend_load_all_from_path(str(lib_dir).encode())
     ggml.ggml_backend_reg_count.restype = ctypes.c_size_t
