@@ -180,6 +180,8 @@ class Settings(BaseSettings):
     lease_ttl_s: float = 15.0
     max_attempts: int = 3
     result_ttl_s: int = 24 * 3600
+    # How long an Idempotency-Key is remembered (POST /v1/jobs, POST /v1/batches).
+    idempotency_ttl_s: int = 24 * 3600
     stream_maxlen: int = 100_000
     heartbeat_s: float = 2.0
     # How often each worker looks for running jobs whose lease expired (dead workers).
