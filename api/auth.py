@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import envelope
 from api.ratelimit import charge_requests
+from shared import logs
 from shared.errors import RateLimited
 
 log = logging.getLogger(__name__)
@@ -134,4 +135,5 @@ class KeyAuth:
                                 headers={"Retry-After": "1"})
                 await resp(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+        with logs.bind(tenant=principal.tenant):
+            await self.app(scope, receive, send)

@@ -7,6 +7,7 @@ record, the Celery message and the `queued` event in one atomic step.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -20,7 +21,7 @@ from api import adapters, idempotency
 from api.deps import AppState
 from api.idempotency import Idem
 from api.ratelimit import charge_tokens
-from shared import keys
+from shared import keys, logs, tracing
 from shared.celery_app import task_message
 from shared.errors import (
     ContextLengthExceeded,
@@ -36,6 +37,7 @@ from shared.schemas import JobAccepted, JobRecord, JobRequest, ResponseFormat, S
 from shared.settings import ModelConfig
 
 MAX_STOP_LEN = 64
+log = logging.getLogger("tokenq.jobs")
 
 
 def new_job_id() -> str:
@@ -213,7 +215,22 @@ async def submit_once(state: AppState, tenant: str, req: JobRequest, idem: Idem 
                 return again, True
     if state.draining:
         raise Draining("this API replica is shutting down; retry (another replica will serve)")
+    with tracing.span("job.submit", **{"tokenq.tenant": tenant, "tokenq.model": req.model}
+                      ) as sp, logs.bind(model=req.model):
+        accepted = await _submit(state, tenant, req, idem, deadline, extra)
+        if sp is not None:
+            sp.set_attribute("tokenq.job_id", accepted[0].id)
+        log.info("job %s: queued", accepted[0].id, extra={"job_id": accepted[0].id})
+        return accepted
+
+
+async def _submit(state: AppState, tenant: str, req: JobRequest, idem: Idem | None,
+                  deadline: float | None,
+                  extra: dict[str, str] | None) -> tuple[JobAccepted, bool]:
     p = await prepare(state, tenant, req)
+    parent = tracing.traceparent()
+    if parent is not None:
+        p.fields["traceparent"] = parent
     await charge_tokens(state.redis, tenant, state.settings.tokens_per_min,
                         p.n_prompt + p.max_tokens)
     deadline = deadline if deadline is not None else req.deadline

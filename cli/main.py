@@ -47,7 +47,9 @@ def _settings(**overrides: object) -> Settings:
 
 
 def _logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from shared import logs
+
+    logs.configure(level)
 
 
 @app.command()

@@ -208,6 +208,12 @@ class Settings(BaseSettings):
     # within about this long plus the engine's load time).
     adapter_poll_s: float = 0.25
 
+    # observability: JSON log lines (`text` | `json`) and OpenTelemetry tracing (needs the
+    # `otel` extra; OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set)
+    log_format: Literal["text", "json"] = "text"
+    access_log: bool = True
+    tracing: bool = False
+
     # SSE
     sse_ping_s: float = 15.0
     sse_send_timeout_s: float = 30.0
