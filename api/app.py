@@ -21,7 +21,7 @@ from api.auth import KeyAuth, load_keys
 from api.deps import AppState
 from api.limits import BodyLimit
 from api.openai.batch_driver import BatchDriver
-from api.routes import adapters, admin, batches, files, jobs, openai, ops
+from api.routes import adapters, admin, batches, files, jobs, openai, ops, playground
 from api.streams import StreamHub
 from api.tokens import PromptCounter
 from shared import tracing
@@ -88,6 +88,8 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
     app.include_router(ops.router)
     app.include_router(admin.router)
     app.include_router(adapters.router)
+    if settings.playground:
+        app.include_router(playground.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
                        large={"/v1/files": settings.max_file_bytes},
                        timeout_s=settings.body_timeout_s)

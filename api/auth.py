@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TENANT = "default"
 # Health, readiness and metrics are scraped without keys; the docs show only the shapes.
+# The playground page is static; its API calls carry the key typed into it.
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/openapi.json",
-                          "/docs/oauth2-redirect"})
+                          "/docs/oauth2-redirect", "/playground"})
 
 
 @dataclass(frozen=True)

@@ -212,6 +212,8 @@ class Settings(BaseSettings):
     # `otel` extra; OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set)
     log_format: Literal["text", "json"] = "text"
     access_log: bool = True
+    # GET /playground: a page to try the API from a browser (static; calls need a key)
+    playground: bool = True
     tracing: bool = False
 
     # SSE
