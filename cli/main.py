@@ -16,7 +16,10 @@ if TYPE_CHECKING:
     from cli.autoscale import Autoscaler
     from cli.stack import Stack
 
-app = typer.Typer(no_args_is_help=True,
+# Every flag has an environment twin: TOKENQ_<COMMAND>_<OPTION> (e.g. TOKENQ_UP_PORT,
+# TOKENQ_JOBS_LIST_LIMIT); --url and --api-key read TOKENQ_BASE_URL and TOKENQ_API_KEY.
+app = typer.Typer(no_args_is_help=True, context_settings={"auto_envvar_prefix": "TOKENQ",
+                                                          "show_default": True},
                   help="tokenq: queue-backed LLM serving (Redis + Celery + llama.cpp/vLLM).")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(batch_app, name="batch")

@@ -9,13 +9,22 @@ pointing tokenq at another GGUF is one entry in a JSON file named by
 from __future__ import annotations
 
 import json
+import os
 import re
+import tomllib
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
 
 # `fake`: workers/engines/fake.py, a deterministic engine for the fault-injection tests.
 Backend = Literal["auto", "llama", "vllm", "fake"]
@@ -255,6 +264,19 @@ class Settings(BaseSettings):
     autoscale_cooldown_s: float = 30.0
     autoscale_target_per_worker: int | None = None  # None: the engine's slots
 
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then TOKENQ_* variables, then the TOML config file (below them)."""
+        sources = [init_settings, env_settings, dotenv_settings, file_secret_settings]
+        path = config_file()
+        if path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
     @field_validator("served_models", mode="before")
     @classmethod
     def _names(cls, v: Any) -> Any:
@@ -289,6 +311,29 @@ class Settings(BaseSettings):
                 "TOKENQ_REDIS_URL is not set: run `tokenq up` (embedded Redis) or point it at one"
             )
         return self.redis_url
+
+
+def config_file() -> Path | None:
+    """TOKENQ_CONFIG_FILE, else ./tokenq.toml when there is one: settings by field name
+    (`redis_url = "..."`, `served_models = ["a", "b"]`); variables win over it."""
+    named = os.environ.get("TOKENQ_CONFIG_FILE")
+    path = Path(named) if named else Path("tokenq.toml")
+    return path if named or path.is_file() else None
+
+
+def check_config_file() -> None:
+    """A missing or unreadable config file, or a key that is no setting, as one line."""
+    path = config_file()
+    if path is None:
+        return
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsProblem(f"TOKENQ_CONFIG_FILE={path}: {exc}") from exc
+    unknown = sorted(set(data) - set(Settings.model_fields))
+    if unknown:
+        raise SettingsProblem(f"TOKENQ_CONFIG_FILE={path}: unknown key {unknown[0]!r} (keys "
+                              "are setting names such as redis_url, served_models)")
 
 
 class SettingsProblem(ValueError):
@@ -331,6 +376,7 @@ def load_settings(**overrides: Any) -> Settings:
     """Settings(), with an error that names the variable and the expected form in one line
     instead of pydantic's traceback."""
     try:
+        check_config_file()
         settings = Settings(**overrides)
         settings.models()
     except SettingsError as exc:

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from cli.stack import Stack
-from tests.conftest import IDLE_MODEL, SMOL
+from tests.conftest import NO_WORKER_MODEL, SMOL
 from tokenq import __version__
 
 runner = CliRunner()
@@ -32,7 +32,7 @@ def test_jobs_submit_watch_list_cancel(stack: Stack, client: httpx.Client) -> No
     assert res.exit_code == 0, res.output
     job_id = res.stderr.strip().splitlines()[0]
     assert res.stdout.strip() and client.get(f"/v1/jobs/{job_id}").json()["output"] in res.stdout
-    res = runner.invoke(app, ["jobs", "submit", IDLE_MODEL, "wait", "--metadata",
+    res = runner.invoke(app, ["jobs", "submit", NO_WORKER_MODEL, "wait", "--metadata",
                               f"run={tag}"], env={"TOKENQ_BASE_URL": stack.url})
     assert res.exit_code == 0, res.output
     idle_id = res.stdout.strip()
@@ -84,3 +84,27 @@ def test_served_models_takes_plain_names() -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert [ln.split("\t")[0] for ln in proc.stdout.splitlines()] == [SMOL]
+
+
+def test_every_flag_has_an_env_twin(stack: Stack) -> None:
+    res = runner.invoke(app, ["jobs", "list"], env={"TOKENQ_BASE_URL": stack.url,
+                                                    "TOKENQ_JOBS_LIST_STATE": "bogus"})
+    assert res.exit_code == 1 and "state must be one of" in res.stderr
+
+
+def test_toml_config_file(tmp_path: Path) -> None:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TOKENQ_")}
+    (tmp_path / "tokenq.toml").write_text('served_models = ["gemma3-270m"]\n')
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "models", "list"], cwd=tmp_path,
+                          env=base, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert [ln.split("\t")[0] for ln in proc.stdout.splitlines()] == ["gemma3-270m"]
+    # a variable wins over the file
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "models", "list"], cwd=tmp_path,
+                          env={**base, "TOKENQ_SERVED_MODELS": SMOL}, capture_output=True,
+                          text=True, timeout=60)
+    assert [ln.split("\t")[0] for ln in proc.stdout.splitlines()] == [SMOL]
+    bad = tmp_path / "bad.toml"
+    bad.write_text('served_modles = ["x"]\n')
+    err = one_line_error({"TOKENQ_CONFIG_FILE": str(bad)})
+    assert "unknown key 'served_modles'" in err

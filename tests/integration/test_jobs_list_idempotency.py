@@ -9,13 +9,13 @@ import httpx
 import redis
 
 from shared import keys
-from tests.conftest import IDLE_MODEL, SMOL
+from tests.conftest import NO_WORKER_MODEL, SMOL
 
 
 def idle_jobs(client: httpx.Client, n: int, tag: str) -> list[str]:
     ids = []
     for i in range(n):
-        resp = client.post("/v1/jobs", json={"model": IDLE_MODEL, "prompt": f"p{i}",
+        resp = client.post("/v1/jobs", json={"model": NO_WORKER_MODEL, "prompt": f"p{i}",
                                              "max_tokens": 4, "metadata": {"run": tag}})
         assert resp.status_code == 202, resp.text
         ids.append(resp.json()["id"])
@@ -43,7 +43,7 @@ def test_list_pages_newest_first_with_filters(client: httpx.Client) -> None:
             assert after == page["data"][-1]["id"]
         assert seen == ids[::-1] and pages == 3
         # model filter; a filter nothing matches
-        assert len(client.get("/v1/jobs", params={"model": IDLE_MODEL, "metadata[run]": tag}
+        assert len(client.get("/v1/jobs", params={"model": NO_WORKER_MODEL, "metadata[run]": tag}
                               ).json()["data"]) == 5
         assert client.get("/v1/jobs", params={"model": SMOL, "metadata[run]": tag}
                           ).json()["data"] == []
@@ -76,7 +76,7 @@ def test_list_drops_expired_records(client: httpx.Client, stack_redis: redis.Red
 
 def test_idempotency_key_on_jobs(client: httpx.Client) -> None:
     key = "retry-" + uuid.uuid4().hex
-    body = {"model": IDLE_MODEL, "prompt": "once", "max_tokens": 4}
+    body = {"model": NO_WORKER_MODEL, "prompt": "once", "max_tokens": 4}
     first = client.post("/v1/jobs", json=body, headers={"Idempotency-Key": key})
     again = client.post("/v1/jobs", json=dict(reversed(body.items())),
                         headers={"Idempotency-Key": key})
@@ -103,7 +103,7 @@ def test_idempotency_key_on_jobs(client: httpx.Client) -> None:
 
 def test_idempotency_key_on_batches(client: httpx.Client) -> None:
     line = ('{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":'
-            f'{{"model":"{IDLE_MODEL}","messages":[{{"role":"user","content":"x"}}],'
+            f'{{"model":"{NO_WORKER_MODEL}","messages":[{{"role":"user","content":"x"}}],'
             '"max_tokens":2}}\n')
     f = client.post("/v1/files", data={"purpose": "batch"},
                     files={"file": ("in.jsonl", line.encode())}).json()
