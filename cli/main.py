@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from cli.client_cmds import batch_app, jobs_app
-from shared.settings import Settings, SettingsProblem, load_settings
+from shared.settings import Settings, SettingsProblem
+from shared.settings_load import load_settings
 
 if TYPE_CHECKING:
     from cli.autoscale import Autoscaler
