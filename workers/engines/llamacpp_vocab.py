@@ -17,6 +17,7 @@ import llama_cpp as ll
 
 from shared.chat import render_chat
 from shared.settings import ModelConfig
+from workers.engines.llamacpp_dispatch import load_cpu_backend
 
 log = logging.getLogger("workers.engines.llamacpp")
 
@@ -37,6 +38,7 @@ def _init_backend() -> None:
         if not _backend_ready:
             ll.llama_log_set(_quiet_log, ctypes.c_void_p(0))  # module-level ref keeps it alive
             ll.llama_backend_init()
+            load_cpu_backend(Path(ll.__file__).parent / "lib")
             _backend_ready = True
 
 
