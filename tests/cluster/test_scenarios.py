@@ -6,6 +6,7 @@ worker writes after it comes back reaches neither a client nor a record."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,8 +25,14 @@ FIGURES: dict[str, Any] = {}
 
 @pytest.fixture(scope="module", autouse=True)
 def report() -> Iterator[None]:
+    """Print the figures; with TOKENQ_CLUSTER_FIGURES=FILE also append them there, one JSON
+    line per run (scripts/cluster_runs.sh gathers several runs that way)."""
     yield
-    print("\n[cluster] " + json.dumps(FIGURES, sort_keys=True))
+    line = json.dumps(FIGURES, sort_keys=True)
+    print("\n[cluster] " + line)
+    if out := os.environ.get("TOKENQ_CLUSTER_FIGURES"):
+        with open(out, "a") as f:
+            f.write(line + "\n")
 
 
 def settle(cluster: Cluster) -> None:
@@ -65,7 +72,7 @@ def worker_fault(cluster: Cluster, name: str, fault: Callable[[str], None],
     assert record["state"] == "succeeded" and record["attempts"] >= 2, record
     assert attempts[0]["worker"] != attempts[-1]["worker"], attempts
     FIGURES[name] = {**summary, "tokens": len(rd.tokens),
-                     "takeover_s": round(rd.marks["token_after_fault"] - rd.marks["fault"], 2)}
+                     "takeover_s": round(rd.marks["takeover_token"] - rd.marks["fault"], 2)}
 
 
 def test_prometheus_finds_every_replica_and_worker_by_address(cluster: Cluster) -> None:
