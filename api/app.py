@@ -16,13 +16,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api import errors
+from api.access import AccessLog
 from api.auth import KeyAuth, load_keys
 from api.deps import AppState
 from api.limits import BodyLimit
 from api.openai.batch_driver import BatchDriver
-from api.routes import adapters, admin, batches, files, jobs, openai, ops, tokenize
+from api.routes import adapters, admin, batches, files, jobs, openai, ops, playground, tokenize
 from api.streams import StreamHub
 from api.tokens import PromptCounter
+from shared import tracing
 from shared.celery_app import create_celery
 from shared.jobs import CANCEL, CREATE
 from shared.settings import Settings, get_settings
@@ -49,6 +51,7 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
             health_check_interval=30,
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
             retry_on_error=[RedisConnectionError, RedisTimeoutError])
+        tracing.setup(settings.tracing, "tokenq-api")
         hub = StreamHub(r)
         await hub.start()
         state = AppState(
@@ -92,11 +95,15 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
     app.include_router(ops.router)
     app.include_router(admin.router)
     app.include_router(adapters.router)
+    if settings.playground:
+        app.include_router(playground.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
                        large={"/v1/files": settings.max_file_bytes},
                        timeout_s=settings.body_timeout_s)
     # Outermost: a request without a valid key is refused before its body is read.
     app.add_middleware(KeyAuth, keys=api_key_map)
+    if settings.access_log:
+        app.add_middleware(AccessLog)
     return app
 
 

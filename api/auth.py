@@ -29,14 +29,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import envelope
 from api.ratelimit import charge_requests
+from shared import logs
 from shared.errors import RateLimited
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TENANT = "default"
 # Health, readiness and metrics are scraped without keys; the docs show only the shapes.
+# The playground page is static; its API calls carry the key typed into it.
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/openapi.json",
-                          "/docs/oauth2-redirect"})
+                          "/docs/oauth2-redirect", "/playground"})
 
 
 @dataclass(frozen=True)
@@ -134,4 +136,5 @@ class KeyAuth:
                                 headers={"Retry-After": "1"})
                 await resp(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+        with logs.bind(tenant=principal.tenant):
+            await self.app(scope, receive, send)

@@ -7,6 +7,7 @@ record, the Celery message and the `queued` event in one atomic step.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -16,10 +17,11 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from api import adapters
+from api import adapters, idempotency
 from api.deps import AppState
+from api.idempotency import Idem
 from api.ratelimit import charge_tokens
-from shared import keys
+from shared import keys, logs, tracing
 from shared.celery_app import task_message
 from shared.errors import (
     ContextLengthExceeded,
@@ -35,6 +37,7 @@ from shared.schemas import JobAccepted, JobRecord, JobRequest, ResponseFormat, S
 from shared.settings import ModelConfig
 
 MAX_STOP_LEN = 64
+log = logging.getLogger("tokenq.jobs")
 
 
 def new_job_id() -> str:
@@ -184,10 +187,11 @@ async def _prepare_embedding(state: AppState, tenant: str, req: JobRequest, base
 
 async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = None,
                   deadline: float | None = None, extra: dict[str, str] | None = None,
-                  queue_limit: int | None = None,
-                  tenant_limit: int = 0) -> tuple[int, str, float]:
+                  queue_limit: int | None = None, tenant_limit: int = 0,
+                  idem: Idem | None = None) -> tuple[int, str, float]:
     """Run CREATE: record + Celery message + `queued` event in one atomic step. Returns
-    (1 created | 2 already there | -1 queue full | -2 tenant's queued limit, id, created_at).
+    (1 created | 2 already there | -1 queue full | -2 tenant's queued limit
+     | 3 the Idempotency-Key's job, same body | 4 its job, another body, id, created_at).
     Batch lines are counted apart from the tenant's own queued jobs: a large batch must
     not lock its tenant out of interactive requests."""
     s = state.settings
@@ -198,12 +202,18 @@ async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | No
         fields["deadline"] = repr(deadline)
     queue = keys.queue(p.model, p.priority)
     queued_set = keys.tenant_queued(tenant, batch="batch" in fields)
-    ok, _depth = await state.scripts["create"](
-        keys=[keys.job(job_id), keys.job_events(job_id), queue, keys.tenant_jobs(tenant),
-              queued_set, keys.QUEUED],
-        args=[dumps(fields), task_message(state.celery, job_id, queue),
-              s.queue_limit if queue_limit is None else queue_limit,
-              s.stream_maxlen, repr(now), tenant_limit])
+    script_keys = [keys.job(job_id), keys.job_events(job_id), queue, keys.tenant_jobs(tenant),
+                   queued_set, keys.QUEUED]
+    args: list[str | int | float] = [
+        dumps(fields), task_message(state.celery, job_id, queue),
+        s.queue_limit if queue_limit is None else queue_limit, s.stream_maxlen, repr(now),
+        tenant_limit]
+    if idem is not None:
+        script_keys.append(idem.redis_key)
+        args += [idem.body_sha, s.idempotency_ttl_s]
+    ok, other = await state.scripts["create"](keys=script_keys, args=args)
+    if int(ok) in (3, 4):
+        return int(ok), str(other), now
     return int(ok), job_id, now
 
 
@@ -211,14 +221,61 @@ async def submit(state: AppState, tenant: str, req: JobRequest, *,
                  deadline: float | None = None,
                  extra: dict[str, str] | None = None) -> JobAccepted:
     """Validate and enqueue one request (native jobs and OpenAI chat/completions)."""
+    accepted, _ = await submit_once(state, tenant, req, None, deadline=deadline, extra=extra)
+    return accepted
+
+
+async def replayed(state: AppState, job_id: str, req: JobRequest) -> JobAccepted | None:
+    """The accepted answer of the Idempotency-Key's job, as it stands now (None: gone)."""
+    st, created = await state.redis.hmget(keys.job(job_id), ["state", "created_at"])
+    if st is None or created is None:
+        return None
+    return JobAccepted(id=job_id, model=req.model, status=str(st),  # type: ignore[arg-type]
+                       created_at=float(created),
+                       stream_url=f"/v1/jobs/{job_id}/events")
+
+
+async def submit_once(state: AppState, tenant: str, req: JobRequest, idem: Idem | None, *,
+                      deadline: float | None = None,
+                      extra: dict[str, str] | None = None) -> tuple[JobAccepted, bool]:
+    """`submit`, with an Idempotency-Key: (the job, whether it is a replay of an earlier
+    request). A replay is answered before validation and rate charges."""
+    if idem is not None:
+        stored: str | None = await state.redis.get(idem.redis_key)  # type: ignore[assignment]
+        if stored is not None:
+            job_id, sha = idempotency.split(stored)
+            idempotency.check_same_body(idem, sha)
+            again = await replayed(state, job_id, req)
+            if again is not None:
+                return again, True
     if state.draining:
         raise Draining("this API replica is shutting down; retry (another replica will serve)")
+    with tracing.span("job.submit", **{"tokenq.tenant": tenant, "tokenq.model": req.model}
+                      ) as sp, logs.bind(model=req.model):
+        accepted = await _submit(state, tenant, req, idem, deadline, extra)
+        if sp is not None:
+            sp.set_attribute("tokenq.job_id", accepted[0].id)
+        log.info("job %s: queued", accepted[0].id, extra={"job_id": accepted[0].id})
+        return accepted
+
+
+async def _submit(state: AppState, tenant: str, req: JobRequest, idem: Idem | None,
+                  deadline: float | None,
+                  extra: dict[str, str] | None) -> tuple[JobAccepted, bool]:
     p = await prepare(state, tenant, req)
+    parent = tracing.traceparent()
+    if parent is not None:
+        p.fields["traceparent"] = parent
     await charge_tokens(state.redis, tenant, state.settings.tokens_per_min,
                         p.n_prompt + p.max_tokens)
     deadline = deadline if deadline is not None else req.deadline
     ok, job_id, now = await enqueue(state, tenant, p, deadline=deadline, extra=extra,
-                                    tenant_limit=state.settings.tenant_max_queued)
+                                    tenant_limit=state.settings.tenant_max_queued, idem=idem)
+    if ok in (3, 4) and idem is not None:
+        idempotency.check_same_body(idem, idem.body_sha if ok == 3 else "")
+        again = await replayed(state, job_id, req)
+        if again is not None:
+            return again, True
     if ok == -2:
         raise QueueFull(f"you have {state.settings.tenant_max_queued} jobs queued, the limit "
                         "per tenant; retry when some have started", retry_after=5,
@@ -228,7 +285,7 @@ async def submit(state: AppState, tenant: str, req: JobRequest, *,
         raise QueueFull(f"the queue for {req.model!r} is full ({depth} jobs); retry later",
                         retry_after=max(1, min(60, int(depth) // 100)))
     return JobAccepted(id=job_id, model=req.model, created_at=now,
-                       stream_url=f"/v1/jobs/{job_id}/events")
+                       stream_url=f"/v1/jobs/{job_id}/events"), False
 
 
 async def get(state: AppState, tenant: str, job_id: str) -> JobRecord:

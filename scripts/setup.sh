@@ -50,4 +50,6 @@ if [ "${1:-}" = "--vllm" ]; then
     echo "$VKEY" > .venv/.vllm-key
   fi
 fi
+# The test setup (`make test` runs `setup.sh --vllm`) also needs headless Chromium.
+[ "${1:-}" = "--vllm" ] && scripts/setup_browser.sh
 echo "setup done: $(.venv/bin/tokenq --help >/dev/null && echo 'tokenq CLI ok')"

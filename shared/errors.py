@@ -66,6 +66,20 @@ class Conflict(TokenqError):
     code = "conflict"
 
 
+class IdempotencyKeyReused(TokenqError):
+    """An Idempotency-Key sent again with a different body (422)."""
+
+    status = 422
+    type = "invalid_request_error"
+    code = "idempotency_key_reused"
+
+
+class IdempotencyInProgress(Conflict):
+    """The first request with this Idempotency-Key has not finished yet (409)."""
+
+    code = "idempotency_key_in_progress"
+
+
 class PayloadTooLarge(TokenqError):
     """Body over the configured limit (413)."""
 

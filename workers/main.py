@@ -17,7 +17,7 @@ from celery import signals
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from shared import keys
+from shared import keys, logs
 from shared.celery_app import (
     GENERATE_TASK,
     create_celery,
@@ -79,8 +79,14 @@ def _vllm_engine(settings: Settings, model: str, cfg: ModelConfig) -> Engine:
 def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
     if model not in settings.models():
         raise SystemExit(f"unknown model {model!r}; known: {', '.join(settings.models())}")
+    logs.configure(loglevel)
     app = create_celery(settings)
     tolerate_acks_after_connection_loss()
+
+    @signals.setup_logging.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _logs(**_: Any) -> None:  # Celery keeps ours (text or JSON lines)
+        logs.configure(loglevel)
+
     app.task(name=GENERATE_TASK, acks_late=True, ignore_result=True)(tasks.generate)
     cfg = settings.models()[model]
 

@@ -40,6 +40,11 @@ class JobHandle:
     usage: tuple[int, int] = (0, 0)  # prompt, completion tokens, set when the job ends
     resumed: int = 0  # tokens an earlier attempt streamed (a takeover continues after them)
     released: bool = False  # handed back: its lease is no longer renewed
+    # Redis writes that carried this job's events (tracing): count, seconds, and the
+    # (start, end) of the latest one (the terminal event's, once done).
+    writes: int = 0
+    write_s: float = 0.0
+    last_write: tuple[float, float] | None = None
 
 
 class Publisher:
@@ -177,6 +182,7 @@ class Publisher:
             self._finish(keys=keys.job_script_keys(f.job_id),
                          args=[f.attempt, state, dumps(fields), event, dumps(data),
                                s.stream_maxlen, s.result_ttl_s], client=pipe)
+        t_write = time.time()
         try:
             results = pipe.execute()
         except redis.RedisError:
@@ -185,6 +191,13 @@ class Publisher:
                 if handle is not None:
                     del handle.text[n:]
             raise
+        t_done = time.time()
+        for job_id in {*(j for j, _ in appended), *(f.job_id for f in step.finished)}:
+            handle = self._handles.get(job_id)
+            if handle is not None:
+                handle.writes += 1
+                handle.write_s += t_done - t_write
+                handle.last_write = (t_write, t_done)
         for job_id, _ in appended:
             handle = self._handles.get(job_id)
             if handle is not None and handle.first_token_at is None:

@@ -21,7 +21,7 @@ import redis
 from celery.exceptions import Reject
 from prometheus_client import start_http_server
 
-from shared import keys
+from shared import keys, logs, tracing
 from shared.adapters import AdapterRef
 from shared.celery_app import create_celery, task_message
 from shared.jobs import ACQUIRE, FINISH, HANDBACK, RENEW_JOB, REQUEUE, dumps, lease_value
@@ -71,6 +71,7 @@ class WorkerRuntime:
                                        daemon=True)
 
     def start(self) -> None:
+        tracing.setup(self.settings.tracing, "tokenq-worker")
         if self.settings.worker_metrics_port is not None:
             server, _ = start_http_server(self.settings.worker_metrics_port,
                                           addr=self.settings.worker_metrics_addr,
@@ -177,20 +178,33 @@ class WorkerRuntime:
 
     # -- the task body -------------------------------------------------------------------
     def run_job(self, job_id: str) -> str:
+        tenant: str | None = None
+        if logs.json_wanted():
+            try:
+                tenant = self.r.hget(keys.job(job_id), "owner")  # type: ignore[assignment]
+            except redis.RedisError:
+                pass
+        with logs.bind(job_id=job_id, tenant=tenant, model=self.model, worker=self.worker_id):
+            return self._run_job(job_id)
+
+    def _run_job(self, job_id: str) -> str:
         s = self.settings
         if self.engine_dead.is_set() or not self.engine.healthy():
             # This worker is on its way out; leave the message for a live one.
             time.sleep(0.5)
             raise Reject("the worker's engine is dead", requeue=True)
+        acquire_start = time.time()
         got = self._acquire(
             keys=keys.job_script_keys(job_id),
             args=[self.worker_id, int(s.lease_ttl_s * 1000), s.max_attempts, repr(time.time()),
                   s.stream_maxlen, s.result_ttl_s])
+        acquire_end = time.time()
         status = got[0]
         if status != "ok":
             log.info("job %s: not run (%s)", job_id, status)
             return str(status)
         attempt, spec = int(got[1]), json.loads(got[2])
+        log.info("job %s: attempt %d started", job_id, attempt, extra={"attempt": attempt})
         started = time.time()
         if got[3] == "1":  # cancelled while its message was on the way
             self._end(job_id, attempt, "cancelled", EVENT_CANCELLED, {})
@@ -223,11 +237,27 @@ class WorkerRuntime:
                     break
             try:
                 self._observe(job_id, attempt, started, handle)
+                self._trace(job_id, attempt, acquire_start, acquire_end, handle)
             except redis.RedisError:
                 log.warning("job %s: metrics skipped (Redis unavailable)", job_id)
             return handle.outcome
         finally:
             self.publisher.untrack(job_id)
+
+    def _trace(self, job_id: str, attempt: int, acquire_start: float, acquire_end: float,
+               handle: JobHandle) -> None:
+        if not tracing.enabled():
+            return
+        got: list[str | None] = self.r.hmget(  # type: ignore[assignment]
+            keys.job(job_id), ["traceparent", "created_at"])
+        parent, created = got
+        tracing.record_attempt(
+            parent, {"tokenq.job_id": job_id, "tokenq.attempt": attempt,
+                     "tokenq.worker": self.worker_id, "tokenq.model": self.model,
+                     "tokenq.outcome": handle.outcome},
+            tracing.AttemptTimes(float(created) if created else None, acquire_start,
+                                 acquire_end, handle.first_token_at, handle.last_write,
+                                 handle.writes, handle.write_s), time.time())
 
     def _cancel_requested(self, job_id: str) -> bool:
         """A Redis outage must not end the task: the engine goes on generating, the
