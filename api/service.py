@@ -1,7 +1,8 @@
 """Job logic behind the routes: validate, enqueue, read, cancel, stream.
 
-Where a job is enqueued: `submit` runs the CREATE script, which writes the
-record, the Celery message and the `queued` event in one atomic step.
+Where a job is enqueued: `submit` -> `enqueue` -> the job store's `create`
+(shared/lua/create.lua), which writes the record, the Celery message and the `queued`
+event in one atomic step.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from jsonschema.exceptions import SchemaError
 
 from api import adapters
 from api.deps import AppState
-from api.ratelimit import charge_tokens
-from shared import keys
+from shared import jobs, keys
 from shared.celery_app import task_message
 from shared.errors import (
     ContextLengthExceeded,
@@ -150,26 +150,20 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
 async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = None,
                   deadline: float | None = None, extra: dict[str, str] | None = None,
                   queue_limit: int | None = None,
-                  tenant_limit: int = 0) -> tuple[int, str, float]:
-    """Run CREATE: record + Celery message + `queued` event in one atomic step. Returns
-    (1 created | 2 already there | -1 queue full | -2 tenant's queued limit, id, created_at).
-    Batch lines are counted apart from the tenant's own queued jobs: a large batch must
-    not lock its tenant out of interactive requests."""
-    s = state.settings
+                  tenant_limit: int = 0) -> tuple[jobs.CreateResult, str, float]:
+    """Record + Celery message + `queued` event in one atomic step: (what the store
+    answered, the job id, its created_at)."""
     job_id = job_id or new_job_id()
     now = time.time()
     fields = {**p.fields, "id": job_id, "created_at": repr(now), **(extra or {})}
     if deadline is not None:
         fields["deadline"] = repr(deadline)
     queue = keys.queue(p.model, p.priority)
-    queued_set = keys.tenant_queued(tenant, batch="batch" in fields)
-    ok, _depth = await state.scripts["create"](
-        keys=[keys.job(job_id), keys.job_events(job_id), queue, keys.tenant_jobs(tenant),
-              queued_set, keys.QUEUED],
-        args=[dumps(fields), task_message(state.celery, job_id, queue),
-              s.queue_limit if queue_limit is None else queue_limit,
-              s.stream_maxlen, repr(now), tenant_limit])
-    return int(ok), job_id, now
+    created = await state.jobs.create(job_id, fields, tenant=tenant, queue=queue,
+                                      message=task_message(state.celery, job_id, queue),
+                                      queue_limit=queue_limit, tenant_limit=tenant_limit,
+                                      now=now)
+    return created, job_id, now
 
 
 async def submit(state: AppState, tenant: str, req: JobRequest, *,
@@ -179,16 +173,16 @@ async def submit(state: AppState, tenant: str, req: JobRequest, *,
     if state.draining:
         raise Draining("this API replica is shutting down; retry (another replica will serve)")
     p = await prepare(state, tenant, req)
-    await charge_tokens(state.redis, tenant, state.settings.tokens_per_min,
-                        p.n_prompt + p.max_tokens)
+    await state.limits.charge_tokens(tenant, state.settings.tokens_per_min,
+                                     p.n_prompt + p.max_tokens)
     deadline = deadline if deadline is not None else req.deadline
-    ok, job_id, now = await enqueue(state, tenant, p, deadline=deadline, extra=extra,
-                                    tenant_limit=state.settings.tenant_max_queued)
-    if ok == -2:
+    created, job_id, now = await enqueue(state, tenant, p, deadline=deadline, extra=extra,
+                                         tenant_limit=state.settings.tenant_max_queued)
+    if isinstance(created, jobs.TenantFull):
         raise QueueFull(f"you have {state.settings.tenant_max_queued} jobs queued, the limit "
                         "per tenant; retry when some have started", retry_after=5,
                         code="tenant_queue_full")
-    if ok != 1:
+    if not isinstance(created, jobs.Created):
         depth = await state.redis.llen(keys.queue(p.model, p.priority))
         raise QueueFull(f"the queue for {req.model!r} is full ({depth} jobs); retry later",
                         retry_after=max(1, min(60, int(depth) // 100)))
@@ -214,11 +208,7 @@ async def check_owner(state: AppState, tenant: str, job_id: str) -> None:
 async def cancel(state: AppState, tenant: str, job_id: str, wait_s: float = 2.0) -> JobRecord:
     """Cancel; idempotent. Waits briefly for a running job's engine to let go."""
     await check_owner(state, tenant, job_id)
-    s = state.settings
-    result = await state.scripts["cancel"](
-        keys=[keys.job(job_id), keys.job_events(job_id)],
-        args=[repr(time.time()), s.stream_maxlen, s.result_ttl_s])
-    if result == "running":
+    if await state.jobs.cancel(job_id) is jobs.Cancelled.REQUESTED:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if await state.redis.hget(keys.job(job_id), "state") != "running":

@@ -24,14 +24,15 @@ from prometheus_client import start_http_server
 from shared import keys
 from shared.adapters import AdapterRef
 from shared.celery_app import create_celery, task_message
-from shared.jobs import ACQUIRE, FINISH, HANDBACK, RENEW_JOB, REQUEUE, dumps, lease_value
+from shared.jobs import Acquired, Ending, dumps
 from shared.metrics import WorkerMetrics
 from shared.schemas import EVENT_CANCELLED, SamplingParams
 from shared.settings import ModelConfig, Settings
-from shared.webhooks import WebhookSender
+from shared.store import JobStore
 from workers.adapters import AdapterWatcher
 from workers.engines.base import Engine, EngineRequest
 from workers.publisher import JobHandle, Publisher
+from workers.webhooks import WebhookSender
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +54,8 @@ class WorkerRuntime:
     engine_dead: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
-        self.publisher = Publisher(self.r, self.settings, on_cancel=self.engine.cancel)
-        self._acquire = self.r.register_script(ACQUIRE)
-        self._renew = self.r.register_script(RENEW_JOB)
-        self._finish = self.r.register_script(FINISH)
-        self._requeue = self.r.register_script(REQUEUE)
-        self._handback = self.r.register_script(HANDBACK)
+        self.store = JobStore(self.r, self.settings)
+        self.publisher = Publisher(self.store, on_cancel=self.engine.cancel)
         self._next_rescue = 0.0
         self.metrics = WorkerMetrics()
         self.metrics_port: int | None = None
@@ -148,14 +145,9 @@ class WorkerRuntime:
                 log.exception("heartbeat failed")
 
     def _renew_leases(self) -> None:
-        ttl_ms = int(self.settings.lease_ttl_s * 1000)
         handles = [h for h in self.publisher.tracked() if not h.released]
-        pipe = self.r.pipeline(transaction=False)
-        for h in handles:
-            self._renew(keys=[keys.job_lease(h.job_id), keys.job(h.job_id)],
-                        args=[lease_value(self.worker_id, h.attempt), ttl_ms, h.attempt],
-                        client=pipe)
-        for h, ok in zip(handles, pipe.execute(), strict=True):
+        held = self.store.renew([(h.job_id, h.attempt) for h in handles], self.worker_id)
+        for h, ok in zip(handles, held, strict=True):
             if not ok and not h.done.is_set():
                 log.warning("job %s: lease lost; aborting attempt %d", h.job_id, h.attempt)
                 h.outcome = "fenced"
@@ -176,22 +168,17 @@ class WorkerRuntime:
 
     # -- the task body -------------------------------------------------------------------
     def run_job(self, job_id: str) -> str:
-        s = self.settings
         if self.engine_dead.is_set() or not self.engine.healthy():
             # This worker is on its way out; leave the message for a live one.
             time.sleep(0.5)
             raise Reject("the worker's engine is dead", requeue=True)
-        got = self._acquire(
-            keys=keys.job_script_keys(job_id),
-            args=[self.worker_id, int(s.lease_ttl_s * 1000), s.max_attempts, repr(time.time()),
-                  s.stream_maxlen, s.result_ttl_s])
-        status = got[0]
-        if status != "ok":
-            log.info("job %s: not run (%s)", job_id, status)
-            return str(status)
-        attempt, spec = int(got[1]), json.loads(got[2])
+        got = self.store.acquire(job_id, self.worker_id)
+        if not isinstance(got, Acquired):
+            log.info("job %s: not run (%s)", job_id, got.reason)
+            return str(got.reason)
+        attempt, spec = got.attempt, got.spec
         started = time.time()
-        if got[3] == "1":  # cancelled while its message was on the way
+        if got.cancel_requested:  # cancelled while its message was on the way
             self._end(job_id, attempt, "cancelled", EVENT_CANCELLED, {})
             return "cancelled"
         # A takeover continues where the dead attempt stopped: prefill prompt + the tokens
@@ -297,8 +284,7 @@ class WorkerRuntime:
                 continue
             queue = keys.queue(rec[0], rec[1] or "normal")
             msg = task_message(self.celery, job_id, queue)
-            if self._requeue(keys=[job_key, keys.job_lease(job_id), keys.RUNNING, queue,
-                                   keys.KOMBU_UNACKED, keys.QUEUED], args=[msg]):
+            if self.store.requeue(job_id, queue, msg):
                 log.warning("job %s (%s): no worker holds it and no message will deliver it; "
                             "re-enqueued", job_id, rec[2])
                 requeued += 1
@@ -338,18 +324,16 @@ class WorkerRuntime:
         rec: list[str | None] = self.r.hmget(  # type: ignore[assignment]
             keys.job(job_id), ["model", "priority"])
         queue = keys.queue(rec[0] or self.model, rec[1] or "normal")
-        ok = self._handback(keys=[keys.job(job_id), keys.job_lease(job_id), keys.RUNNING, queue],
-                            args=[lease_value(self.worker_id, attempt),
-                                  task_message(self.celery, job_id, queue)])
+        ok = self.store.hand_back(job_id, self.worker_id, attempt, queue,
+                                  task_message(self.celery, job_id, queue))
         log.warning("job %s: handed back (%s)", job_id, "requeued" if ok else "not ours")
 
     def _end(self, job_id: str, attempt: int, state: str, event: str, data: dict[str, str],
              **fields: str) -> None:
         """Terminal write outside the engine path (fenced by attempt, like the publisher's)."""
-        s = self.settings
-        self._finish(keys=keys.job_script_keys(job_id),
-                     args=[attempt, state, dumps({"finished_at": repr(time.time()), **fields}),
-                           event, dumps(data), s.stream_maxlen, s.result_ttl_s])
+        self.store.finish(Ending(job_id, attempt, state,
+                                 {"finished_at": repr(time.time()), **fields}, event,
+                                 dumps(data)))
 
 
 _runtime: WorkerRuntime | None = None
