@@ -27,8 +27,7 @@ from pathlib import Path
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.errors import envelope
-from shared.errors import RateLimited
+from api.errors import RateLimited, envelope
 
 log = logging.getLogger(__name__)
 

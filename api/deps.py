@@ -10,10 +10,10 @@ from celery import Celery
 from fastapi import Depends, Request
 
 from api.auth import Principal
+from api.errors import Forbidden, Unauthorized
 from api.ratelimit import RateLimits
 from api.streams import StreamHub
 from api.tokens import PromptCounter
-from shared.errors import Forbidden, Unauthorized
 from shared.metrics import ClusterMetrics
 from shared.settings import ModelConfig, Settings
 from shared.store import AsyncJobStore

@@ -12,8 +12,8 @@ import math
 
 import redis.asyncio as aioredis
 
+from api.errors import RateLimited
 from shared import keys
-from shared.errors import RateLimited
 from shared.scripts import Scripts
 
 

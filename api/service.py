@@ -19,9 +19,7 @@ from jsonschema.exceptions import SchemaError
 
 from api import adapters
 from api.deps import AppState
-from shared import jobs, keys
-from shared.celery_app import task_message
-from shared.errors import (
+from api.errors import (
     ContextLengthExceeded,
     Draining,
     InvalidRequest,
@@ -29,9 +27,18 @@ from shared.errors import (
     NotFound,
     QueueFull,
 )
+from shared import jobs, keys
+from shared.celery_app import task_message
 from shared.jobs import dumps
 from shared.models import select_backend
-from shared.schemas import JobAccepted, JobRecord, JobRequest, ResponseFormat, SamplingParams
+from shared.schemas import (
+    JobAccepted,
+    JobRecord,
+    JobRequest,
+    JobSpec,
+    ResponseFormat,
+    SamplingParams,
+)
 from shared.settings import ModelConfig
 
 MAX_STOP_LEN = 64
@@ -127,15 +134,13 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
             f"this model's context is {context} tokens; the prompt has {n_prompt} and "
             f"max_tokens is {params.max_tokens}; shorten the prompt or lower max_tokens",
             param="messages" if messages is not None else "prompt")
-    spec: dict[str, Any] = {"prompt": req.prompt, "messages": messages,
-                            "params": params.model_dump()}
-    if adapter is not None:
-        spec["adapter"] = adapter.model_dump()
+    spec = JobSpec(prompt=req.prompt, messages=messages, params=params,
+                   adapter=adapter)
     # `model` stays the base model: workers and the rescue paths route by it.
     fields = {
         "owner": tenant, "model": base, "backend": backend, "priority": req.priority,
         "state": "queued", "attempts": "0", "request": req.model_dump_json(exclude_none=True),
-        "spec": dumps(spec), "prompt_tokens": str(n_prompt),
+        "spec": spec.model_dump_json(), "prompt_tokens": str(n_prompt),
     }
     if req.metadata:
         fields["metadata"] = dumps(req.metadata)

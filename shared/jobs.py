@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from shared import keys
+from shared.schemas import JobSpec
 
 T = TypeVar("T")
 Arg = str | int | float
@@ -91,7 +92,7 @@ class SkipReason(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class Acquired:
     attempt: int
-    spec: dict[str, Any]
+    spec: JobSpec
     cancel_requested: bool  # cancelled while its message was on the way
 
 
@@ -148,7 +149,7 @@ def _created(got: list[Any]) -> CreateResult:
 def _acquired(got: list[Any]) -> AcquireResult:
     if got[0] != "ok":
         return Skipped(SkipReason(got[0]))
-    return Acquired(int(got[1]), json.loads(got[2]), got[3] == "1")
+    return Acquired(int(got[1]), JobSpec.model_validate_json(got[2]), got[3] == "1")
 
 
 def _cancelled(got: str | None) -> Cancelled:

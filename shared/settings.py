@@ -43,7 +43,6 @@ class ModelConfig(BaseModel):
     n_threads: int | None = None
     n_gpu_layers: int = 0
     flash_attn: bool = False
-    mlock: bool = False
     # One KV pool shared by all slots (llama-server's default with -np). Off by default:
     # with it on, a job's greedy text can differ batched vs alone (attention over the
     # shared pool changes float order); one run here measured 39 vs 35 tok/s at 8 streams
@@ -153,10 +152,6 @@ class Settings(BaseSettings):
     default_model: str = "smollm2-135m-instruct"
     # Models this deployment serves (subset of the registry); empty means all.
     served_models: list[str] = Field(default_factory=list)
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    public_url: str | None = None
 
     # API keys file: lines of `sha256:<hex> tenant [admin]` (plain keys: TOKENQ_API_KEYS)
     api_keys_file: Path | None = None

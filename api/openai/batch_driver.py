@@ -24,10 +24,10 @@ from redis.exceptions import RedisError
 
 from api import service
 from api.deps import AppState
+from api.errors import TokenqError
 from api.openai import files, protocol
 from api.openai.batch_store import BatchStore
 from shared import keys
-from shared.errors import TokenqError
 from shared.jobs import QueueFull, dumps
 
 log = logging.getLogger(__name__)

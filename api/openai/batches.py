@@ -25,10 +25,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from api.deps import AppState
+from api.errors import Conflict, InvalidRequest, NotFound
 from api.openai import files
 from api.openai.protocol import ENDPOINTS, final_response
 from shared import keys
-from shared.errors import Conflict, InvalidRequest, NotFound
 from shared.jobs import dumps
 from shared.schemas import JobRecord
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.errors import InvalidRequest
+from api.errors import InvalidRequest
 from shared.schemas import ChatMessage, JobRecord, JobRequest, Priority, ResponseFormat
 
 ChatEndpoint = "/v1/chat/completions"

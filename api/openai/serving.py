@@ -21,6 +21,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api import service
 from api.deps import AppState
+from api.errors import Conflict, InvalidRequest, JobExpired, JobFailed
 from api.openai.protocol import (
     ChatCompletionRequest,
     ChatEndpoint,
@@ -29,7 +30,6 @@ from api.openai.protocol import (
     final_response,
     now,
 )
-from shared.errors import Conflict, InvalidRequest, JobExpired, JobFailed
 from shared.jobs import dumps
 from shared.schemas import JobRecord
 

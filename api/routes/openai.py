@@ -9,6 +9,7 @@ from fastapi.responses import Response
 
 from api import adapters
 from api.deps import StateDep, TenantDep
+from api.errors import ModelNotFound
 from api.openai import serving
 from api.openai.protocol import (
     ChatCompletionRequest,
@@ -16,7 +17,6 @@ from api.openai.protocol import (
     CompletionEndpoint,
     CompletionRequest,
 )
-from shared.errors import ModelNotFound
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

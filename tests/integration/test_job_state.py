@@ -23,6 +23,7 @@ from shared.jobs import (
     TokenWrite,
     dumps,
 )
+from shared.schemas import JobSpec, SamplingParams
 from shared.settings import Settings
 from shared.store import JobStore
 
@@ -30,6 +31,8 @@ JOB = "job_t1"
 TENANT_QUEUED = keys.tenant_queued("t")
 MSG = dumps({"properties": {"delivery_tag": "tag1"}})
 MSG2 = dumps({"properties": {"delivery_tag": "tag2"}})
+SPEC = JobSpec(prompt="hi", params=SamplingParams(
+    max_tokens=4, temperature=0, top_p=1, top_k=0, repetition_penalty=1)).model_dump_json()
 SETTINGS = Settings(stream_maxlen=1000, result_ttl_s=60, lease_ttl_s=60, max_attempts=3)
 
 
@@ -40,7 +43,7 @@ def store(r: redis.Redis, **settings: float) -> JobStore:
 def create(r: redis.Redis, limit: int = 0, deadline: float | None = None,
            tenant_limit: int = 0) -> object:
     fields = {"id": JOB, "owner": "t", "model": "m", "state": "queued", "attempts": "0",
-              "created_at": repr(time.time()), "spec": "{}", "request": "{}"}
+              "created_at": repr(time.time()), "spec": SPEC, "request": "{}"}
     if deadline is not None:
         fields["deadline"] = repr(deadline)
     return store(r).create(JOB, fields, tenant="t", queue="q", message=MSG, queue_limit=limit,
@@ -53,6 +56,7 @@ def acquire(r: redis.Redis, worker: str = "w1", max_attempts: int = 3) -> Acquir
 
 def attempt_of(got: AcquireResult) -> int:
     assert isinstance(got, Acquired), got
+    assert got.spec.prompt == "hi"  # the spec the API wrote, typed
     return got.attempt
 
 

@@ -1,7 +1,7 @@
 """llama.cpp engine: continuous batching over one llama_batch, one sequence id per job.
 
-The only module that imports llama_cpp, with its helpers: llamacpp_vocab.py (backend
-start-up, tokenizer), llamacpp_sampling.py and llamacpp_lora.py (adapters).
+The only engine module that imports llama_cpp, with its helpers: shared/vocab.py (backend
+start-up, tokenizer; the API uses it too), llamacpp_sampling.py and llamacpp_lora.py.
 One context with n_seq_max = slots (each sequence gets n_ctx / slots cells, as in
 llama-server). Every step:
 1. take new jobs and cancels from the inbox (a job joins at the next step) and
@@ -37,6 +37,7 @@ import llama_cpp as ll
 
 from shared.adapters import AdapterRef
 from shared.settings import ModelConfig
+from shared.vocab import Vocab
 from workers.engines.base import (
     EndReason,
     EngineRequest,
@@ -50,7 +51,6 @@ from workers.engines.budget import PrefillBudget
 from workers.engines.detok import Released, TextStream
 from workers.engines.llamacpp_lora import BASE, LoraSet, pick_group
 from workers.engines.llamacpp_sampling import Sampler
-from workers.engines.llamacpp_vocab import Vocab
 
 __all__ = ["LlamaCppEngine", "Vocab"]
 
