@@ -56,7 +56,7 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
         driver = BatchDriver(state)
         state.background["batch_wake"] = driver.wake
         driver_task = asyncio.create_task(driver.run(), name="tokenq-batch-driver")
-        # Vocabularies now, in the background: the first request would wait ~0.6 s for one.
+        # Vocabularies now, in the background, so the first request does not wait for one.
         preload = asyncio.create_task(state.counter.preload(state.models),
                                       name="tokenq-vocab-preload")
         app.state.tokenq = state
