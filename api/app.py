@@ -34,6 +34,12 @@ log = logging.getLogger("tokenq.api")
 def create_app(settings: Settings | None = None, api_keys: str | None = None) -> FastAPI:
     settings = settings or get_settings()
     api_key_map = load_keys(api_keys, settings.api_keys_file)
+    if settings.env == "production" and not api_key_map:
+        # Without keys every caller would be the admin tenant: refuse, loudly, rather
+        # than serve (or quietly hide on loopback where no probe or proxy reaches it).
+        raise SystemExit("TOKENQ_ENV=production needs API keys: set TOKENQ_API_KEYS_FILE "
+                         "(lines of 'sha256:<hex> tenant [admin]'; `tokenq hash-key KEY`) "
+                         "or TOKENQ_API_KEYS")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -53,7 +53,8 @@ def serve(host: str, port: int) -> None:
     app = app_from_env()
     settings = app.state.settings
     if not app.state.api_keys_configured:
-        # Without keys anyone who can connect is the admin tenant: never off this machine.
+        # Without keys anyone who can connect is the admin tenant: never off this machine
+        # (in production create_app refuses to start at all).
         if host not in LOOPBACK_HOSTS:
             log.warning("no API keys configured (TOKENQ_API_KEYS / TOKENQ_API_KEYS_FILE): "
                         "binding to 127.0.0.1 instead of %s", host)

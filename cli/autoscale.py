@@ -11,6 +11,7 @@ new one if the queue still needs it. Live workers this process did not start
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import socket
@@ -172,8 +173,13 @@ class Autoscaler:
             log.error("autoscale: tick failed (%s); holding", exc)
 
     def run(self, stop: threading.Event, interval_s: float) -> None:
+        alive = self.settings.state_dir / "autoscaler.alive"
         while not stop.is_set():
             self.step()
+            # Liveness for a supervisor (compose's healthcheck): the loop is turning.
+            with contextlib.suppress(OSError):
+                alive.parent.mkdir(parents=True, exist_ok=True)
+                alive.touch()
             stop.wait(interval_s)
 
     def close(self, timeout_s: float) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,34 @@ def _init_backend() -> None:
         if not _backend_ready:
             ll.llama_log_set(_quiet_log, ctypes.c_void_p(0))  # module-level ref keeps it alive
             ll.llama_backend_init()
+            _load_cpu_backends()
             _backend_ready = True
+
+
+def _load_cpu_backends() -> None:
+    """A portable build (GGML_BACKEND_DL + GGML_CPU_ALL_VARIANTS, scripts/wheelhouse.sh)
+    ships the CPU backend once per x86-64 level as its own library: load the best one this
+    CPU supports. A build for fixed flags (scripts/setup.sh) links its backend in: no-op."""
+    lib_dir = Path(ll.__file__).parent / "lib"
+    if not any(lib_dir.glob("libggml-cpu-*.so")):
+        return
+    _allow_amx()
+    ggml = ctypes.CDLL(str(lib_dir / "libggml.so"))
+    ggml.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+    ggml.ggml_backend_load_all_from_path(str(lib_dir).encode())
+    ggml.ggml_backend_reg_count.restype = ctypes.c_size_t
+    if ggml.ggml_backend_reg_count() == 0:
+        raise RuntimeError(f"no llama.cpp CPU backend in {lib_dir} runs on this CPU")
+
+
+def _allow_amx() -> None:
+    """Linux hands out the AMX tile state only on request (arch_prctl); the variant chosen
+    for a CPU with AMX uses it. Fails harmlessly where there is no AMX."""
+    if os.uname().machine != "x86_64":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+    libc.syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata)
 
 
 class Vocab:

@@ -24,6 +24,14 @@ WEBHOOK_SECRET = "whsec_tokenq_tests"
 MAX_BATCH_LINES = 300
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """tests/cluster needs Docker and images built first: only `make test-cluster` (which
+    names the folder) collects it."""
+    if collection_path.name == "cluster" and collection_path.parent.name == "tests":
+        return not any("cluster" in str(a) for a in config.args)
+    return None
+
+
 @pytest.fixture(scope="session")
 def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("tokenq-state")

@@ -48,3 +48,30 @@ def test_redis_outside_loopback_needs_a_password(url: str, env: str, ok: bool) -
     else:
         with pytest.raises(ValidationError, match="password"):
             Settings(redis_url=url, env=env)
+
+
+def test_production_refuses_to_start_without_keys(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Production without keys fails at start, naming what to set, on every way in (the
+    `tokenq api` server and the uvicorn factory): never a silent loopback bind."""
+    from api.app import app_from_env, create_app
+    from shared.settings import get_settings
+
+    prod = Settings(redis_url="redis://:pw@redis:6379/0", env="production")
+    with pytest.raises(SystemExit, match="TOKENQ_API_KEYS_FILE"):
+        create_app(prod)
+    monkeypatch.setenv("TOKENQ_ENV", "production")
+    monkeypatch.setenv("TOKENQ_REDIS_URL", "redis://:pw@redis:6379/0")
+    monkeypatch.delenv("TOKENQ_API_KEYS", raising=False)
+    monkeypatch.delenv("TOKENQ_API_KEYS_FILE", raising=False)
+    get_settings.cache_clear()
+    try:
+        with pytest.raises(SystemExit, match="needs API keys"):
+            app_from_env()
+        keys = tmp_path / "keys"
+        keys.write_text(f"sha256:{hash_key('k')} acme\n")
+        monkeypatch.setenv("TOKENQ_API_KEYS_FILE", str(keys))
+        get_settings.cache_clear()
+        assert app_from_env().state.api_keys_configured
+    finally:
+        get_settings.cache_clear()

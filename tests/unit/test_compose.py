@@ -1,5 +1,6 @@
-"""compose/: no Docker engine runs here, so the files are checked by parsing them and by
-following every cross-reference: services, ports, routes, CLI options, settings, metrics."""
+"""compose/ checked by parsing and by following every cross-reference: services, ports,
+routes, CLI options, settings, metrics. tests/cluster brings the same file up on Docker;
+these checks also cover what it leaves out (Grafana, the GPU worker)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def seconds(duration: str) -> float:
 
 
 def test_compose_wires_every_part(services: dict[str, Any]) -> None:
-    assert {"redis", "api", "cpu-worker", "gpu-worker", "autoscaler", "prometheus",
+    assert {"redis", "api", "lb", "cpu-worker", "gpu-worker", "autoscaler", "prometheus",
             "grafana"} <= set(services)
     assert "--requirepass" in services["redis"]["command"]
     assert "--appendonly" in services["redis"]["command"]
@@ -50,9 +51,20 @@ def test_compose_wires_every_part(services: dict[str, Any]) -> None:
         # every TOKENQ_ variable is a real setting (a typo would be silently ignored)
         fields = {f"TOKENQ_{f.upper()}" for f in Settings.model_fields}
         assert {k for k in env if k.startswith("TOKENQ_")} <= fields
-    run_lines = [ln for ln in (COMPOSE / "Dockerfile").read_text().splitlines()
-                 if ln.startswith("RUN")]
-    assert any("scripts/setup.sh" in ln for ln in run_lines)  # builds as the README installs
+    for name, svc in services.items():
+        assert "healthcheck" in svc, f"{name} has no healthcheck"
+    assert services["api"]["environment"]["TOKENQ_API_KEYS_FILE"].startswith("/run/secrets/")
+    assert "api_keys" in services["api"]["secrets"]
+
+
+def test_image_is_portable_and_has_no_dev_extras() -> None:
+    docker = (COMPOSE / "Dockerfile").read_text()
+    assert "--no-index" in docker and "ARG EXTRAS=cpu" in docker
+    assert not re.search(r"[\[,]dev\b", docker)
+    assert "setup.sh" not in docker  # that build uses the build host's CPU flags
+    wheelhouse = (ROOT / "scripts" / "wheelhouse.sh").read_text()
+    assert "-DGGML_CPU_ALL_VARIANTS=ON" in wheelhouse and "-DGGML_BACKEND_DL=ON" in wheelhouse
+    assert "-DGGML_NATIVE=OFF" in wheelhouse
 
 
 def test_tokenq_commands_parse_with_the_real_cli(services: dict[str, Any]) -> None:
@@ -62,7 +74,9 @@ def test_tokenq_commands_parse_with_the_real_cli(services: dict[str, Any]) -> No
         assert cmd[0] == "tokenq", name
         sub = group.get_command(None, cmd[1])  # type: ignore[attr-defined]
         assert sub is not None, f"{name}: no `tokenq {cmd[1]}`"
-        sub.make_context(cmd[1], list(cmd[2:]))  # raises on an unknown option
+        # `${VAR:-default}` as compose fills it in when VAR is unset
+        args = [re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", a) for a in cmd[2:]]
+        sub.make_context(cmd[1], args)  # raises on an unknown option or a bad value
 
 
 def test_gpu_worker_reserves_an_nvidia_gpu_and_serves_a_vllm_model(
@@ -75,6 +89,10 @@ def test_gpu_worker_reserves_an_nvidia_gpu_and_serves_a_vllm_model(
     registry = json.loads((COMPOSE / "models.json").read_text())
     assert ModelConfig.model_validate(registry[model]).backend == "vllm"
     assert Path(gpu["environment"]["TOKENQ_MODELS_FILE"]).name == "models.json"
+    cfg = ModelConfig.model_validate(registry[model])
+    assert cfg.source == "hf" and cfg.path and cfg.path.startswith("/models/")
+    mounts = {v.rsplit(":", 2)[-2] for v in gpu["volumes"]}
+    assert "/models" in mounts and "/etc/tokenq/models.json" in mounts
 
 
 def test_drain_fits_in_stop_grace_periods(services: dict[str, Any]) -> None:
@@ -89,17 +107,20 @@ def test_prometheus_reaches_the_api_and_every_worker(services: dict[str, Any]) -
     routes = set(create_app(Settings()).openapi()["paths"])
     api_port = services["api"]["command"][services["api"]["command"].index("--port") + 1]
     jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
-    targets = [t for j in jobs.values() for sc in j.get("static_configs", [])
-               for t in sc["targets"]]
-    targets += [urlparse(sd["url"]).netloc for j in jobs.values()
-                for sd in j.get("http_sd_configs", [])]
+    [dns] = jobs["tokenq-api"]["dns_sd_configs"]  # one target per API replica
+    assert dns["names"] == ["api"] and str(dns["port"]) == api_port
+    targets = [urlparse(sd["url"]).netloc for j in jobs.values()
+               for sd in j.get("http_sd_configs", [])]
     for target in targets:
-        host, port = target.split(":")
+        host, _ = target.split(":")
         assert host in services, f"scrape target {target}: no such service"
-        assert host != "api" or port == api_port
     assert jobs["tokenq-api"]["metrics_path"] in routes
     [sd] = jobs["tokenq-workers"]["http_sd_configs"]
     assert urlparse(sd["url"]).path in routes  # the API's worker discovery route
+    # behind an API key, like every /v1 route: Prometheus reads it from its secret
+    key_file = sd["authorization"]["credentials_file"]
+    assert key_file == "/run/secrets/prometheus_key" and \
+        "prometheus_key" in services["prometheus"]["secrets"]
     mounts = {v.split(":")[1] for v in services["prometheus"]["volumes"]}
     assert set(prom["rule_files"]) <= mounts
 

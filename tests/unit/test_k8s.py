@@ -1,7 +1,8 @@
-"""compose/k8s/: built-in objects against the Kubernetes API's own JSON schemas (the
-kubernetes-validate package ships them; strict: unknown fields fail), the KEDA
-ScaledObject (a CRD, not in those schemas) against a schema of the fields tokenq relies
-on, then the cross-references: probes, drain budgets, selectors, the scaling query."""
+"""compose/k8s/: no cluster runs here, so every manifest is validated offline: built-in
+objects against the Kubernetes API's own JSON schemas (the kubernetes-validate package ships
+them; strict: unknown fields fail), the KEDA ScaledObject against KEDA's CRD schema
+(cloudcoil-models-keda; strict the same way) and a schema of the fields tokenq relies on,
+then the cross-references: probes, drain budgets, selectors, secrets, the scaling query."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from typing import Any
 
 import jsonschema
 import kubernetes_validate
+import pydantic
 import pytest
 import typer
 import yaml
+from cloudcoil.models.keda.v1alpha1 import ScaledObject
 
 from cli.main import app as cli_app
 from shared.settings import ModelConfig, Settings, default_models
@@ -88,9 +91,62 @@ def test_every_object_is_valid_against_its_schema(
     for (kind, name), doc in docs.items():
         if kind == "ScaledObject":
             jsonschema.validate(doc, SCALED_OBJECT)
+            strict_keda(doc)
         else:
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
         assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "tokenq", name
+
+
+def strict_keda(doc: dict[str, Any]) -> None:
+    """KEDA's own ScaledObject schema (models generated from its CRD, cloudcoil-models-keda),
+    strict: a field the CRD does not know is dropped by the parse, and that is an error."""
+    parsed = ScaledObject.model_validate(doc).model_dump(by_alias=True, exclude_unset=True,
+                                                         mode="json")
+
+    def unknown(given: Any, kept: Any, path: str) -> list[str]:
+        if isinstance(given, dict) and isinstance(kept, dict):
+            return [p for k, v in given.items()
+                    for p in ([f"{path}.{k}"] if k not in kept else unknown(v, kept[k],
+                                                                            f"{path}.{k}"))]
+        if isinstance(given, list) and isinstance(kept, list):
+            return [p for i, (g, k) in enumerate(zip(given, kept, strict=True))
+                    for p in unknown(g, k, f"{path}[{i}]")]
+        return []
+    assert not unknown(doc, parsed, ""), unknown(doc, parsed, "")
+
+
+def test_keda_validation_refuses_unknown_fields_and_bad_types(
+        docs: dict[tuple[str, str], dict[str, Any]]) -> None:
+    [so, *_] = of_kind(docs, "ScaledObject")
+    with pytest.raises(AssertionError, match="pollingIntervall"):
+        strict_keda({**so, "spec": {**so["spec"], "pollingIntervall": 5}})
+    with pytest.raises(pydantic.ValidationError):
+        strict_keda({**so, "spec": {**so["spec"], "minReplicaCount": "zero"}})
+
+
+def test_api_keys_come_from_a_secret_and_prometheus_is_shipped(
+        docs: dict[tuple[str, str], dict[str, Any]]) -> None:
+    spec, c = pod(docs[("Deployment", "tokenq-api")])
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+    keys_file = env["TOKENQ_API_KEYS_FILE"]
+    [vol] = [n for n, path in mounts.items() if keys_file.startswith(path + "/")]
+    assert secrets[vol] == "tokenq-api-keys"
+    # KEDA's triggers query the Prometheus these manifests ship, not one assumed elsewhere
+    svc = docs[("Service", "tokenq-prometheus")]
+    for so in of_kind(docs, "ScaledObject"):
+        [trigger] = so["spec"]["triggers"]
+        host = trigger["metadata"]["serverAddress"].split("//")[1].split(".")[0]
+        assert host == svc["metadata"]["name"]
+    prom_cfg = yaml.safe_load(docs[("ConfigMap", "tokenq-prometheus")]["data"]["prometheus.yml"])
+    jobs = {j["job_name"]: j for j in prom_cfg["scrape_configs"]}
+    [dns] = jobs["tokenq-api"]["dns_sd_configs"]
+    assert docs[("Service", dns["names"][0])]["spec"]["clusterIP"] == "None"
+    [sd] = jobs["tokenq-workers"]["http_sd_configs"]
+    _, prom = pod(docs[("Deployment", "tokenq-prometheus")])
+    key_dir = sd["authorization"]["credentials_file"].rsplit("/", 1)[0]
+    assert key_dir in {m["mountPath"] for m in prom["volumeMounts"]}
 
 
 def config(docs: dict[tuple[str, str], dict[str, Any]]) -> Settings:
@@ -133,7 +189,7 @@ def test_workers_probe_metrics_and_grace_covers_the_drain(
     group = typer.main.get_command(cli_app)
     for deploy in of_kind(docs, "Deployment"):
         spec, c = pod(deploy)
-        if c["command"][1] != "worker":
+        if c.get("command", ["", ""])[1] != "worker":
             continue
         group.get_command(None, "worker").make_context(  # type: ignore[attr-defined]
             "worker", list(c["command"][2:]))
@@ -161,7 +217,8 @@ def test_scaled_objects_scale_each_worker_on_its_models_backlog(
     registry.update({k: ModelConfig.model_validate(v) for k, v in models_json.items()})
     assert set(served) <= set(registry)
     scaled = of_kind(docs, "ScaledObject")
-    workers = [d for d in of_kind(docs, "Deployment") if pod(d)[1]["command"][1] == "worker"]
+    workers = [d for d in of_kind(docs, "Deployment")
+               if pod(d)[1].get("command", ["", ""])[1] == "worker"]
     assert {so["spec"]["scaleTargetRef"]["name"] for so in scaled} \
         == {d["metadata"]["name"] for d in workers}
     for so in scaled:

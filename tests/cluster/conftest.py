@@ -1,0 +1,75 @@
+"""Brings compose/compose.yml up on Docker once per session (`make test-cluster` builds the
+images first) and takes it down at the end, whatever happened."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.harness import ROOT, Cluster, wait_for
+
+# Debian-built images where the compose file names registry ones (no registry here).
+BASE = os.environ.get("TOKENQ_BASE_IMAGE", "tokenq/debian-base:bookworm")
+SERVICES = ["redis", "api", "lb", "cpu-worker", "autoscaler", "prometheus"]
+COUNTS = {"api": 2, "cpu-worker": 2}
+TENANTS = ["tenant-a", "tenant-b"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_secrets(folder: Path) -> dict[str, str]:
+    """scripts/compose_secrets.sh, as an operator runs it; returns tenant -> key."""
+    out = subprocess.run(
+        [str(ROOT / "scripts" / "compose_secrets.sh"), *TENANTS], check=True,
+        capture_output=True, text=True,
+        env={**os.environ, "TOKENQ_SECRETS_DIR": str(folder),
+             "TOKENQ_ENV_FILE": str(folder / "env")}).stdout
+    return dict(line.split() for line in out.splitlines())
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    for image in (BASE, "tokenq:latest"):
+        if subprocess.run(["docker", "image", "inspect", image],
+                          capture_output=True).returncode != 0:
+            pytest.fail(f"image {image} is missing: run `make test-cluster` (it builds them)")
+    folder = Path(tempfile.mkdtemp(prefix="tokenq-cluster-"))
+    api_keys = make_secrets(folder)
+    env = {
+        "REDIS_PASSWORD": secrets.token_urlsafe(16), "GRAFANA_PASSWORD": "unused",
+        "TOKENQ_SECRETS_DIR": str(folder), "TOKENQ_IMAGE": "tokenq:latest",
+        "TOKENQ_BASE_IMAGE": BASE, "REDIS_IMAGE": BASE, "PROMETHEUS_IMAGE": BASE,
+        "NGINX_IMAGE": BASE, "API_BIND": "127.0.0.1", "API_PORT": str(free_port()),
+        "PROMETHEUS_BIND": "127.0.0.1",
+        # Short leases and windows so that each fault plays out in seconds.
+        "TOKENQ_LEASE_TTL_S": "5", "TOKENQ_HEARTBEAT_S": "1", "TOKENQ_RECONCILE_S": "1",
+        "TOKENQ_WORKER_TTL_S": "5", "AUTOSCALE_MAX": "2",
+        "TOKENQ_AUTOSCALE_DOWN_WINDOW_S": "10", "TOKENQ_AUTOSCALE_COOLDOWN_S": "10",
+    }
+    c = Cluster(env=env, keys=api_keys, lb_url=f"http://127.0.0.1:{env['API_PORT']}")
+    c.compose("down", "-v", "--remove-orphans", timeout=180)
+    try:
+        c.compose("up", "-d", "--no-build", *(f"--scale={s}={n}" for s, n in COUNTS.items()),
+                  *SERVICES, timeout=600)
+        c.wait_healthy(SERVICES, COUNTS, timeout=300)
+        wait_for("two fixed workers heartbeating", lambda: len(c.fixed_workers()) == 2, 120)
+        yield c
+    finally:
+        try:
+            logs = c.compose("logs", "--no-color", "--tail", "300", timeout=120)
+        except RuntimeError as exc:
+            logs = str(exc)
+        (folder / "compose.log").write_text(logs)
+        print(f"\n[cluster] compose logs: {folder / 'compose.log'}")
+        c.compose("down", "-v", "--remove-orphans", timeout=300)
