@@ -16,14 +16,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api import errors
+from api.access import AccessLog
 from api.auth import KeyAuth, load_keys
 from api.deps import AppState
 from api.limits import BodyLimit
 from api.openai.batch_driver import BatchDriver
 from api.ratelimit import RateLimits
-from api.routes import adapters, admin, batches, files, jobs, openai, ops
+from api.routes import adapters, admin, batches, files, jobs, openai, ops, playground, tokenize
 from api.streams import StreamHub
 from api.tokens import PromptCounter
+from shared import tracing
 from shared.celery_app import create_celery
 from shared.settings import Settings, get_settings
 from shared.store import AsyncJobStore
@@ -50,6 +52,7 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
             health_check_interval=30,
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
             retry_on_error=[RedisConnectionError, RedisTimeoutError])
+        tracing.setup(settings.tracing, "tokenq-api")
         hub = StreamHub(r)
         await hub.start()
         state = AppState(
@@ -86,16 +89,21 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(openai.router)
+    app.include_router(tokenize.router)
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
     app.include_router(adapters.router)
+    if settings.playground:
+        app.include_router(playground.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
                        large={"/v1/files": settings.max_file_bytes},
                        timeout_s=settings.body_timeout_s)
     # Outermost: a request without a valid key is refused before its body is read.
     app.add_middleware(KeyAuth, keys=api_key_map)
+    if settings.access_log:
+        app.add_middleware(AccessLog)
     return app
 
 

@@ -28,13 +28,15 @@ from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import RateLimited, envelope
+from shared import logs
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TENANT = "default"
 # Health, readiness and metrics are scraped without keys; the docs show only the shapes.
+# The playground page is static; its API calls carry the key typed into it.
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/openapi.json",
-                          "/docs/oauth2-redirect"})
+                          "/docs/oauth2-redirect", "/playground"})
 
 
 @dataclass(frozen=True)
@@ -132,4 +134,5 @@ class KeyAuth:
                                 headers={"Retry-After": "1"})
                 await resp(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+        with logs.bind(tenant=principal.tenant):
+            await self.app(scope, receive, send)

@@ -22,6 +22,10 @@ class TokenqError(Exception):
     status = 500
     type = "server_error"
     code: str | None = "internal_error"
+    # False: the answer says `x-should-retry: false`, so the OpenAI SDK does not resend a
+    # request whose job already ran to a terminal failure (a poison request would otherwise
+    # run once per SDK retry). None: the SDK's own rule by status.
+    should_retry: bool | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -73,6 +77,20 @@ class Conflict(TokenqError):
     status = 409
     type = "invalid_request_error"
     code = "conflict"
+
+
+class IdempotencyKeyReused(TokenqError):
+    """An Idempotency-Key sent again with a different body (422)."""
+
+    status = 422
+    type = "invalid_request_error"
+    code = "idempotency_key_reused"
+
+
+class IdempotencyInProgress(Conflict):
+    """The first request with this Idempotency-Key has not finished yet (409)."""
+
+    code = "idempotency_key_in_progress"
 
 
 class PayloadTooLarge(TokenqError):
@@ -175,7 +193,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(TokenqError)
     async def _domain(_: Request, exc: TokenqError) -> JSONResponse:
         retry_after = getattr(exc, "retry_after", None)
-        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+        if exc.should_retry is not None:
+            headers["x-should-retry"] = "true" if exc.should_retry else "false"
         return envelope(exc.status, exc.message, exc.type, exc.code, exc.param, headers)
 
     @app.exception_handler(RequestValidationError)

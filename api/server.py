@@ -19,6 +19,7 @@ from fastapi import FastAPI
 
 from api.app import app_from_env
 from api.deps import AppState
+from shared import logs
 from shared.settings import LOOPBACK_HOSTS
 
 log = logging.getLogger("tokenq.api")
@@ -50,6 +51,7 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(host: str, port: int) -> None:
+    logs.configure("INFO")
     app = app_from_env()
     settings = app.state.settings
     if not app.state.api_keys_configured:

@@ -8,6 +8,7 @@ event in one atomic step.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from api import adapters
+from api import adapters, idempotency
 from api.deps import AppState
 from api.errors import (
     ContextLengthExceeded,
@@ -27,7 +28,8 @@ from api.errors import (
     NotFound,
     QueueFull,
 )
-from shared import jobs, keys
+from api.idempotency import Idem
+from shared import jobs, keys, logs, tracing
 from shared.celery_app import task_message
 from shared.jobs import dumps
 from shared.models import select_backend
@@ -42,6 +44,7 @@ from shared.schemas import (
 from shared.settings import ModelConfig
 
 MAX_STOP_LEN = 64
+log = logging.getLogger("tokenq.jobs")
 
 
 def new_job_id() -> str:
@@ -67,6 +70,11 @@ def resolve_params(req: JobRequest, cfg: ModelConfig, max_tokens_limit: int,
                             else req.repetition_penalty),
         stop=[*stops, *(s for s in cfg.stop if s not in stops)],
         seed=req.seed,
+        min_p=cfg.min_p if req.min_p is None else req.min_p,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
+        logprobs=req.logprobs,
         json_schema=json_schema_of(req.response_format),
     )
 
@@ -116,9 +124,15 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
             raise ModelNotFound(f"model {req.model!r} is not served here", param="model")
         base, adapter = found
         cfg = state.models[base]
+    if cfg.embedding != (req.input is not None):
+        raise InvalidRequest(
+            f"model {req.model!r} is an embedding model: use /v1/embeddings" if cfg.embedding
+            else f"model {req.model!r} does not make embeddings", param="model")
     params = resolve_params(req, cfg, s.max_tokens_limit, s.max_stop_sequences)
     backend = select_backend(cfg)
     context = cfg.context_length(backend)
+    if req.input is not None:
+        return await _prepare_embedding(state, tenant, req, base, cfg, context, params)
     if params.max_tokens >= context:
         raise ContextLengthExceeded(
             f"max_tokens={params.max_tokens} does not fit this model's context of {context}",
@@ -129,6 +143,10 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
     except Exception as exc:
         raise InvalidRequest(f"could not apply the chat template: {exc}",
                              param="messages") from exc
+    n_vocab = await state.counter.n_vocab(base, cfg)
+    if params.logit_bias and n_vocab is not None and max(params.logit_bias) >= n_vocab:
+        raise InvalidRequest(f"logit_bias: token ids are below this model's vocabulary size "
+                             f"{n_vocab}", param="logit_bias")
     if n_prompt + params.max_tokens > context:
         raise ContextLengthExceeded(
             f"this model's context is {context} tokens; the prompt has {n_prompt} and "
@@ -152,22 +170,48 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
     return Prepared(base, req.priority, n_prompt, fields, params.max_tokens)
 
 
+async def _prepare_embedding(state: AppState, tenant: str, req: JobRequest, base: str,
+                             cfg: ModelConfig, context: int, params: SamplingParams) -> Prepared:
+    """Every input must fit the model's context on its own (inputs are not truncated)."""
+    assert req.input is not None
+    n_prompt = 0
+    for i, text in enumerate(req.input):
+        n = await state.counter.count(base, cfg, text, None)
+        if n > context or not text:
+            raise ContextLengthExceeded(
+                f"input[{i}] has {n} tokens; this model takes 1 to {context} per input",
+                param="input")
+        n_prompt += n
+    spec = JobSpec(inputs=req.input, params=params)
+    fields = {"owner": tenant, "model": base, "backend": select_backend(cfg),
+              "priority": req.priority, "state": "queued", "attempts": "0",
+              "request": dumps({"model": req.model, "input_count": len(req.input)}),
+              "spec": spec.model_dump_json(), "prompt_tokens": str(n_prompt)}
+    return Prepared(base, req.priority, n_prompt, fields, 0)
+
+
 async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = None,
                   deadline: float | None = None, extra: dict[str, str] | None = None,
-                  queue_limit: int | None = None,
-                  tenant_limit: int = 0) -> tuple[jobs.CreateResult, str, float]:
+                  queue_limit: int | None = None, tenant_limit: int = 0,
+                  idem: Idem | None = None) -> tuple[jobs.CreateResult, str, float]:
     """Record + Celery message + `queued` event in one atomic step: (what the store
-    answered, the job id, its created_at)."""
+    answered, the job id, its created_at). With an Idempotency-Key the store may answer
+    with the key's earlier job (`Replayed`, `KeyReused`): the id returned is then that
+    job's."""
     job_id = job_id or new_job_id()
     now = time.time()
     fields = {**p.fields, "id": job_id, "created_at": repr(now), **(extra or {})}
     if deadline is not None:
         fields["deadline"] = repr(deadline)
     queue = keys.queue(p.model, p.priority)
+    idem_key = None if idem is None else jobs.IdemKey(idem.redis_key, idem.body_sha,
+                                                      state.settings.idempotency_ttl_s)
     created = await state.jobs.create(job_id, fields, tenant=tenant, queue=queue,
                                       message=task_message(state.celery, job_id, queue),
                                       queue_limit=queue_limit, tenant_limit=tenant_limit,
-                                      now=now)
+                                      now=now, idem=idem_key)
+    if isinstance(created, jobs.Replayed | jobs.KeyReused):
+        return created, created.job_id, now
     return created, job_id, now
 
 
@@ -175,14 +219,63 @@ async def submit(state: AppState, tenant: str, req: JobRequest, *,
                  deadline: float | None = None,
                  extra: dict[str, str] | None = None) -> JobAccepted:
     """Validate and enqueue one request (native jobs and OpenAI chat/completions)."""
+    accepted, _ = await submit_once(state, tenant, req, None, deadline=deadline, extra=extra)
+    return accepted
+
+
+async def replayed(state: AppState, job_id: str, req: JobRequest) -> JobAccepted | None:
+    """The accepted answer of the Idempotency-Key's job, as it stands now (None: gone)."""
+    st, created = await state.redis.hmget(keys.job(job_id), ["state", "created_at"])
+    if st is None or created is None:
+        return None
+    return JobAccepted(id=job_id, model=req.model, status=str(st),  # type: ignore[arg-type]
+                       created_at=float(created),
+                       stream_url=f"/v1/jobs/{job_id}/events")
+
+
+async def submit_once(state: AppState, tenant: str, req: JobRequest, idem: Idem | None, *,
+                      deadline: float | None = None,
+                      extra: dict[str, str] | None = None) -> tuple[JobAccepted, bool]:
+    """`submit`, with an Idempotency-Key: (the job, whether it is a replay of an earlier
+    request). A replay is answered before validation and rate charges."""
+    if idem is not None:
+        stored: str | None = await state.redis.get(idem.redis_key)  # type: ignore[assignment]
+        if stored is not None:
+            job_id, sha = idempotency.split(stored)
+            idempotency.check_same_body(idem, sha)
+            again = await replayed(state, job_id, req)
+            if again is not None:
+                return again, True
     if state.draining:
         raise Draining("this API replica is shutting down; retry (another replica will serve)")
+    with tracing.span("job.submit", **{"tokenq.tenant": tenant, "tokenq.model": req.model}
+                      ) as sp, logs.bind(model=req.model):
+        accepted = await _submit(state, tenant, req, idem, deadline, extra)
+        if sp is not None:
+            sp.set_attribute("tokenq.job_id", accepted[0].id)
+        log.info("job %s: queued", accepted[0].id, extra={"job_id": accepted[0].id})
+        return accepted
+
+
+async def _submit(state: AppState, tenant: str, req: JobRequest, idem: Idem | None,
+                  deadline: float | None,
+                  extra: dict[str, str] | None) -> tuple[JobAccepted, bool]:
     p = await prepare(state, tenant, req)
+    parent = tracing.traceparent()
+    if parent is not None:
+        p.fields["traceparent"] = parent
     await state.limits.charge_tokens(tenant, state.settings.tokens_per_min,
                                      p.n_prompt + p.max_tokens)
     deadline = deadline if deadline is not None else req.deadline
     created, job_id, now = await enqueue(state, tenant, p, deadline=deadline, extra=extra,
-                                         tenant_limit=state.settings.tenant_max_queued)
+                                         tenant_limit=state.settings.tenant_max_queued,
+                                         idem=idem)
+    if isinstance(created, jobs.KeyReused):
+        raise idempotency.key_reused()
+    if isinstance(created, jobs.Replayed):
+        again = await replayed(state, job_id, req)
+        if again is not None:
+            return again, True
     if isinstance(created, jobs.TenantFull):
         raise QueueFull(f"you have {state.settings.tenant_max_queued} jobs queued, the limit "
                         "per tenant; retry when some have started", retry_after=5,
@@ -192,7 +285,7 @@ async def submit(state: AppState, tenant: str, req: JobRequest, *,
         raise QueueFull(f"the queue for {req.model!r} is full ({depth} jobs); retry later",
                         retry_after=max(1, min(60, int(depth) // 100)))
     return JobAccepted(id=job_id, model=req.model, created_at=now,
-                       stream_url=f"/v1/jobs/{job_id}/events")
+                       stream_url=f"/v1/jobs/{job_id}/events"), False
 
 
 async def get(state: AppState, tenant: str, job_id: str) -> JobRecord:

@@ -11,9 +11,12 @@ lower-bound estimate and the worker enforces the exact limit.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from pathlib import Path
 from typing import Any, Protocol
 
+from shared.chat import render_chat
 from shared.models import gguf_path
 from shared.settings import ModelConfig, Settings
 
@@ -25,8 +28,11 @@ INLINE_CHARS = 1024
 
 
 class _Vocab(Protocol):
+    n_vocab: int
+
     def render(self, prompt: str | None, messages: list[dict[str, Any]] | None) -> str: ...
-    def tokenize(self, text: str) -> list[int]: ...
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+    def detokenize(self, tokens: list[int]) -> str: ...
 
 
 class PromptCounter:
@@ -54,12 +60,28 @@ class PromptCounter:
 
     def _load(self, cfg: ModelConfig) -> _Vocab | None:
         try:
+            if cfg.source == "hf":  # a vLLM-only folder: its own Hugging Face tokenizer
+                return HfVocab(Path(cfg.path or ""), cfg)
             from shared.vocab import Vocab
 
             return Vocab(gguf_path(cfg, self._settings.state_dir), cfg, vocab_only=True)
         except Exception as exc:  # no llama.cpp or no file here: estimate instead
             log.warning("exact prompt counting unavailable (%s); estimating", exc)
             return None
+
+    async def n_vocab(self, name: str, cfg: ModelConfig) -> int | None:
+        """The vocabulary size where the tokenizer is loaded here (None: unknown)."""
+        if cfg.backend == "fake":
+            return None
+        vocab = await self._vocab(name, cfg)
+        return vocab.n_vocab if vocab is not None else None
+
+    async def exact(self, name: str, cfg: ModelConfig) -> _Vocab:
+        """The model's tokenizer; raises LookupError where this API host has none."""
+        vocab = None if cfg.backend == "fake" else await self._vocab(name, cfg)
+        if vocab is None:
+            raise LookupError("this API host has no tokenizer for the model")
+        return vocab
 
     async def count(self, name: str, cfg: ModelConfig, prompt: str | None,
                     messages: list[dict[str, Any]] | None) -> int:
@@ -76,3 +98,33 @@ class PromptCounter:
         if len(rendered) <= INLINE_CHARS:
             return len(vocab.tokenize(rendered))
         return len(await asyncio.to_thread(vocab.tokenize, rendered))
+
+
+class HfVocab:
+    """A Hugging Face folder's tokenizer (transformers, present where vLLM is), with the
+    same surface and the same BOS rule as the GGUF vocabulary."""
+
+    def __init__(self, path: Path, cfg: ModelConfig):
+        from transformers import AutoTokenizer
+
+        self.tok: Any = AutoTokenizer.from_pretrained(str(path))
+        self.n_vocab = len(self.tok)
+        config = json.loads((path / "config.json").read_text())
+        self.n_embd = int(config.get("hidden_size") or config.get("d_model") or 0)
+        self.chat_template = cfg.chat_template or self.tok.chat_template
+        self.bos_text = self.tok.bos_token or ""
+        self.eos_text = self.tok.eos_token or ""
+
+    def render(self, prompt: str | None, messages: list[dict[str, Any]] | None) -> str:
+        if messages is None:
+            return prompt or ""
+        return render_chat(self.chat_template, messages, self.bos_text, self.eos_text)
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        special = add_special and not (self.bos_text and text.startswith(self.bos_text))
+        return list(self.tok.encode(text, add_special_tokens=special))
+
+    def detokenize(self, tokens: list[int]) -> str:
+        if any(t < 0 or t >= self.n_vocab for t in tokens):
+            raise ValueError(f"token ids are in [0, {self.n_vocab})")
+        return str(self.tok.decode(tokens))

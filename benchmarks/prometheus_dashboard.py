@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -43,10 +44,18 @@ MUST_MOVE = ("tokenq_queue_depth", "tokenq_num_requests_running",
 
 
 def prometheus_config(api: str, scrape_s: float) -> str:
-    text = (COMPOSE / "prometheus" / "prometheus.yml").read_text()
-    text = text.replace("api:8000", api)
-    text = text.replace("/etc/prometheus/alerts.yml", str(COMPOSE / "prometheus" / "alerts.yml"))
-    return text.replace("scrape_interval: 5s", f"scrape_interval: {scrape_s:g}s")
+    """compose's scrape config pointed at the embedded stack: its one API process instead of
+    the `api` replicas (DNS) and the load balancer, and no key (the embedded API has none)."""
+    doc = yaml.safe_load((COMPOSE / "prometheus" / "prometheus.yml").read_text())
+    doc["global"]["scrape_interval"] = f"{scrape_s:g}s"
+    doc["rule_files"] = [str(COMPOSE / "prometheus" / "alerts.yml")]
+    for job in doc["scrape_configs"]:
+        if job.pop("dns_sd_configs", None) is not None:
+            job["static_configs"] = [{"targets": [api]}]
+        for sd in job.get("http_sd_configs", []):
+            sd["url"] = sd["url"].replace("lb:8000", api)
+            sd.pop("authorization", None)
+    return str(yaml.safe_dump(doc, sort_keys=False))
 
 
 def dashboard_exprs() -> list[tuple[str, str]]:

@@ -163,7 +163,7 @@ def request_body(model: str, prompt: str, max_tokens: int, seed: int,
 
 def run_level(url: str, model: str, concurrency: int, requests: int, prompt_words: int,
               max_tokens: int, progress: Progress | None = None, api: str = "native",
-              stop: list[str] | None = None) -> Level:
+              stop: list[str] | None = None, api_key: str | None = None) -> Level:
     lock = threading.Lock()
     task = progress.add_task(f"c={concurrency}", total=requests) if progress else None
 
@@ -177,7 +177,8 @@ def run_level(url: str, model: str, concurrency: int, requests: int, prompt_word
         return s
 
     limits = httpx.Limits(max_connections=concurrency * 2 + 4)
-    with httpx.Client(base_url=url, timeout=600, limits=limits) as client:
+    with httpx.Client(base_url=url, timeout=600, limits=limits,
+                      headers=auth_headers(api_key)) as client:
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             samples = list(pool.map(go, range(requests)))
@@ -219,14 +220,19 @@ def render(console: Console, levels: list[Level], lines: list[str]) -> None:
         console.print(line)
 
 
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def bench(url: str, model: str, levels: list[int], requests: int | None, prompt_words: int,
-          max_tokens: int, budget_s: float, quiet: bool = False) -> dict[str, Any]:
+          max_tokens: int, budget_s: float, quiet: bool = False,
+          api_key: str | None = None) -> dict[str, Any]:
     console = Console(stderr=True, quiet=quiet)
     results = []
     with Progress(console=console, transient=True, disable=quiet) as progress:
         for c in levels:
             results.append(run_level(url, model, c, requests or max(4, 2 * c), prompt_words,
-                                     max_tokens, progress))
+                                     max_tokens, progress, api_key=api_key))
     lines = budget_lines(results, max_tokens, budget_s)
     render(console, results, lines)
     return {"model": model, "max_tokens": max_tokens, "prompt_words": prompt_words,
@@ -234,7 +240,8 @@ def bench(url: str, model: str, levels: list[int], requests: int | None, prompt_
 
 
 def long_prompt_impact(url: str, model: str, streams: int = 7, long_words: int = 1850,
-                       max_tokens: int = 400, settle_s: float = 8.0) -> dict[str, float]:
+                       max_tokens: int = 400, settle_s: float = 8.0,
+                       api_key: str | None = None) -> dict[str, float]:
     """p95 inter-token latency of `streams` decoding jobs before vs while one long prompt
     is prefilled next to them (from its submission to its first token)."""
     stamps: list[list[float]] = [[] for _ in range(streams)]
@@ -264,7 +271,8 @@ def long_prompt_impact(url: str, model: str, streams: int = 7, long_words: int =
                 window["prompt_tokens"] = ev.data["usage"]["prompt_tokens"]
 
     limits = httpx.Limits(max_connections=2 * streams + 8)
-    with httpx.Client(base_url=url, timeout=600, limits=limits) as client, \
+    with httpx.Client(base_url=url, timeout=600, limits=limits,
+                      headers=auth_headers(api_key)) as client, \
             ThreadPoolExecutor(max_workers=streams + 1) as pool:
         futures = [pool.submit(background, i) for i in range(streams)]
         futures.append(pool.submit(long_job))

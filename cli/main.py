@@ -1,4 +1,5 @@
-"""`tokenq`: up, api, worker, autoscale, demo, bench, models, soak, hash-key."""
+"""`tokenq`: up, api, worker, autoscale, demo, bench, models, soak, hash-key; and the
+client commands `jobs` and `batch` (cli/client_cmds.py)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,51 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from shared.settings import Settings
+from cli.client_cmds import batch_app, jobs_app
+from shared.settings import Settings, SettingsProblem
+from shared.settings_load import load_settings
 
 if TYPE_CHECKING:
     from cli.autoscale import Autoscaler
     from cli.stack import Stack
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# Every flag has an environment twin: TOKENQ_<COMMAND>_<OPTION> (e.g. TOKENQ_UP_PORT,
+# TOKENQ_JOBS_LIST_LIMIT); --url and --api-key read TOKENQ_BASE_URL and TOKENQ_API_KEY.
+app = typer.Typer(no_args_is_help=True, context_settings={"auto_envvar_prefix": "TOKENQ",
+                                                          "show_default": True},
                   help="tokenq: queue-backed LLM serving (Redis + Celery + llama.cpp/vLLM).")
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(batch_app, name="batch")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from tokenq import __version__
+
+        typer.echo(f"tokenq {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="print the version and exit")]
+        = False) -> None:
+    """tokenq: queue-backed LLM serving (Redis + Celery + llama.cpp/vLLM)."""
 
 
 def _settings(**overrides: object) -> Settings:
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+    """The settings, or one line naming the wrong variable and its form (exit 2)."""
+    try:
+        return load_settings(**{k: v for k, v in overrides.items() if v is not None})
+    except SettingsProblem as exc:
+        typer.echo(f"tokenq: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from shared import logs
+
+    logs.configure(level)
 
 
 @app.command()
@@ -31,7 +61,9 @@ def up(
     host: Annotated[str, typer.Option(help="API bind address")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="API port")] = 8000,
     workers: Annotated[int, typer.Option(help="CPU worker processes per model")] = 1,
-    model: Annotated[list[str] | None, typer.Option(help="model to serve (repeatable)")] = None,
+    model: Annotated[list[str] | None, typer.Option(
+        "--model", "-m", help="model to serve (repeatable): a registry name, a .gguf file "
+        "(llama.cpp) or a Hugging Face folder (vLLM)")] = None,
     autoscale: Annotated[bool, typer.Option(
         "--autoscale", help="workers follow the queue instead of --workers")] = False,
     min_workers: Annotated[int | None, typer.Option("--min", help="autoscale: fewest workers "
@@ -40,11 +72,17 @@ def up(
                                                     "per model (TOKENQ_AUTOSCALE_MAX)")] = None,
 ) -> None:
     """Run the embedded stack in the foreground: Redis, the API, N workers (or autoscaled)."""
+    from cli.adhoc import resolve_models
     from cli.stack import Stack
 
     _logging()
-    settings = _settings()
-    stack = Stack(settings, host=host, port=port, workers=workers, models=model or [])
+    try:
+        names, settings = resolve_models(model or [], _settings())
+        settings = _settings(**settings.model_dump(include={"models_file", "state_dir"}))
+    except SettingsProblem as exc:
+        typer.echo(f"tokenq: {exc}", err=True)
+        raise typer.Exit(2) from None
+    stack = Stack(settings, host=host, port=port, workers=workers, models=names)
     if not autoscale:
         stack.start()
         raise typer.Exit(stack.run_foreground())
@@ -155,6 +193,8 @@ def bench(
     paired: Annotated[int, typer.Option(
         "--paired", help="N pairs: c=1 TTFT the queue path adds over the engine in-process, "
         "alternating one job each way")] = 0,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", envvar="TOKENQ_API_KEY", help="API key for --url")] = None,
 ) -> None:
     """Streaming load test: tok/s, TTFT, inter-token and e2e latency per concurrency level."""
     import json
@@ -197,7 +237,7 @@ def bench(
         if long_prompt:
             from cli.bench import long_prompt_impact
 
-            impact = long_prompt_impact(url, model)
+            impact = long_prompt_impact(url, model, api_key=api_key)
             typer.echo(json.dumps(impact) if json_out else
                        f"{impact['prompt_tokens']:.0f}-token prompt prefilled in "
                        f"{impact['prefill_s']:.1f} s beside 7 streams: their ITL p95 "
@@ -206,7 +246,7 @@ def bench(
                        f"({impact['ratio']:.2f}x)")
             return
         result = run_bench(url, model, levels, requests, prompt_words, max_tokens, budget,
-                           quiet=json_out)
+                           quiet=json_out, api_key=api_key)
     finally:
         if stack is not None:
             stack.stop()

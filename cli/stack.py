@@ -81,7 +81,7 @@ class Stack:
 
     def start_parts(self, worker_models: list[str] | None = None) -> Stack:
         """Start Redis (if embedded), the API, and workers for `worker_models` (all served)."""
-        self.models = self.models or [self.settings.default_model]
+        self.models = self.models or self.settings.default_served()
         known = self.settings.models()
         for m in self.models:
             if m not in known:
@@ -103,7 +103,7 @@ class Stack:
     def attach(self) -> Stack:
         """Use the external Redis of TOKENQ_REDIS_URL and start nothing (for the autoscaler)."""
         self.redis_url = self.settings.require_redis_url()
-        self.models = self.models or [self.settings.default_model]
+        self.models = self.models or self.settings.default_served()
         return self
 
     def spawn_worker(self, model: str) -> subprocess.Popen[bytes]:

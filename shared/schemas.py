@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from shared.adapters import AdapterRef
 
@@ -16,6 +16,8 @@ JobState = Literal["queued", "running", "succeeded", "failed", "cancelled", "exp
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
 Priority = Literal["high", "normal", "low"]
 FinishReason = Literal["stop", "length"]
+MAX_TOP_LOGPROBS = 20  # OpenAI's top_logprobs bound and vLLM's default max_logprobs
+MAX_EMBED_INPUTS = 2048  # OpenAI's bound on inputs per embeddings request
 
 # SSE event names: what clients see in `event:` lines, in this order per attempt.
 EVENT_QUEUED = "queued"
@@ -25,6 +27,19 @@ EVENT_DONE = "done"
 EVENT_ERROR = "error"
 EVENT_CANCELLED = "cancelled"
 TERMINAL_EVENTS: frozenset[str] = frozenset({EVENT_DONE, EVENT_ERROR, EVENT_CANCELLED})
+
+
+def _bias_entries(v: dict[str, float]) -> dict[str, float]:
+    for k, bias in v.items():
+        if not k.isdigit():
+            raise ValueError(f"logit_bias keys are token ids; {k!r} is not one")
+        if not -100.0 <= bias <= 100.0:
+            raise ValueError(f"logit_bias values are in [-100, 100]; got {bias}")
+    return v
+
+
+# OpenAI's shape: token id (as a string) -> bias in [-100, 100]; at most 300 entries.
+LogitBias = Annotated[dict[str, float], Field(max_length=300), AfterValidator(_bias_entries)]
 
 
 class ChatMessage(BaseModel):
@@ -66,6 +81,13 @@ class SamplingParams(BaseModel):
     repetition_penalty: float
     stop: list[str] = Field(default_factory=list)
     seed: int | None = None
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = Field(default_factory=dict)  # token id -> added to its logit
+    # Per-token logprobs with this many alternatives (0: the sampled token's only);
+    # None: none. Token events then carry a `logprobs` object.
+    logprobs: int | None = None
     # Structured output: the JSON schema the text must satisfy ({"type": "object"} for
     # response_format json_object). llama.cpp turns it into a grammar, vLLM into
     # structured-output params. None = free text.
@@ -80,11 +102,19 @@ class JobRequest(BaseModel):
     model: str = Field(min_length=1)
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    # An embedding job (an `embedding: true` model): the texts to embed.
+    input: list[str] | None = Field(default=None, min_length=1, max_length=MAX_EMBED_INPUTS)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: LogitBias | None = None
+    # Token events carry the sampled token's logprob and this many alternatives (0-20).
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     stop: str | list[str] | None = None
     # Engines take a 64-bit seed; a bigger number is an error here, not a crash there.
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
@@ -104,8 +134,9 @@ class JobRequest(BaseModel):
 
     @model_validator(mode="after")
     def _one_input(self) -> JobRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of 'prompt' and 'messages'")
+        if sum(x is not None for x in (self.prompt, self.messages, self.input)) != 1:
+            raise ValueError("give exactly one of 'prompt' and 'messages' (or 'input' for an "
+                             "embedding model)")
         if self.messages is not None and not self.messages:
             raise ValueError("'messages' must not be empty")
         return self
@@ -199,6 +230,7 @@ class JobSpec(BaseModel):
 
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
+    inputs: list[str] | None = None  # an embedding job's texts (one vector each)
     params: SamplingParams
     # The adapter version pinned at submit (a later unload or rollback does not change
     # what this job runs on); None: the base model.
@@ -215,6 +247,7 @@ class WorkerHeartbeat(BaseModel):
     waiting: int
     kv_cache_usage: float = 0.0
     prefix_hit_ratio: float = 0.0
+    max_model_len: int | None = None  # what one request may use, as its engine reports
     metrics_port: int | None = None  # its engine metrics (Prometheus), None: not served
     metrics_host: str = ""
     ts: float  # Unix time of the beat

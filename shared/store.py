@@ -22,6 +22,7 @@ from shared.jobs import (
     Cancelled,
     CreateResult,
     Ending,
+    IdemKey,
     TokenWrite,
 )
 from shared.scripts import Scripts
@@ -32,11 +33,11 @@ T = TypeVar("T")
 
 def _create(s: Settings, job_id: str, fields: dict[str, str], tenant: str, queue: str,
             message: str, queue_limit: int | None, tenant_limit: int,
-            now: float | None) -> Call[CreateResult]:
+            now: float | None, idem: IdemKey | None) -> Call[CreateResult]:
     return jobs.create(job_id, fields, tenant=tenant, queue=queue, message=message,
                        queue_limit=s.queue_limit if queue_limit is None else queue_limit,
                        tenant_limit=tenant_limit, maxlen=s.stream_maxlen,
-                       now=time.time() if now is None else now)
+                       now=time.time() if now is None else now, idem=idem)
 
 
 def _cancel(s: Settings, job_id: str, ttl: int | None) -> Call[Cancelled]:
@@ -66,9 +67,9 @@ class JobStore:
 
     def create(self, job_id: str, fields: dict[str, str], *, tenant: str, queue: str,
                message: str, queue_limit: int | None = None, tenant_limit: int = 0,
-               now: float | None = None) -> CreateResult:
+               now: float | None = None, idem: IdemKey | None = None) -> CreateResult:
         return self._run(_create(self.s, job_id, fields, tenant, queue, message, queue_limit,
-                                 tenant_limit, now))
+                                 tenant_limit, now, idem))
 
     def cancel(self, job_id: str, ttl: int | None = None) -> Cancelled:
         return self._run(_cancel(self.s, job_id, ttl))
@@ -122,9 +123,10 @@ class AsyncJobStore:
 
     async def create(self, job_id: str, fields: dict[str, str], *, tenant: str, queue: str,
                      message: str, queue_limit: int | None = None, tenant_limit: int = 0,
-                     now: float | None = None) -> CreateResult:
+                     now: float | None = None,
+                     idem: IdemKey | None = None) -> CreateResult:
         return await self._run(_create(self.s, job_id, fields, tenant, queue, message,
-                                       queue_limit, tenant_limit, now))
+                                       queue_limit, tenant_limit, now, idem))
 
     async def cancel(self, job_id: str, ttl: int | None = None) -> Cancelled:
         return await self._run(_cancel(self.s, job_id, ttl))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import llama_cpp as ll
 
 from shared.chat import render_chat
+from shared.llamacpp_dispatch import load_cpu_backend
 from shared.settings import ModelConfig
 
 log = logging.getLogger("workers.engines.llamacpp")  # llama.cpp's own log lines
@@ -40,34 +40,8 @@ def _init_backend() -> None:
         if not _backend_ready:
             ll.llama_log_set(_quiet_log, ctypes.c_void_p(0))  # module-level ref keeps it alive
             ll.llama_backend_init()
-            _load_cpu_backends()
+            load_cpu_backend(Path(ll.__file__).parent / "lib")
             _backend_ready = True
-
-
-def _load_cpu_backends() -> None:
-    """A portable build (GGML_BACKEND_DL + GGML_CPU_ALL_VARIANTS, scripts/wheelhouse.sh)
-    ships the CPU backend once per x86-64 level as its own library: load the best one this
-    CPU supports. A build for fixed flags (scripts/setup.sh) links its backend in: no-op."""
-    lib_dir = Path(ll.__file__).parent / "lib"
-    if not any(lib_dir.glob("libggml-cpu-*.so")):
-        return
-    _allow_amx()
-    ggml = ctypes.CDLL(str(lib_dir / "libggml.so"))
-    ggml.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
-    ggml.ggml_backend_load_all_from_path(str(lib_dir).encode())
-    ggml.ggml_backend_reg_count.restype = ctypes.c_size_t
-    if ggml.ggml_backend_reg_count() == 0:
-        raise RuntimeError(f"no llama.cpp CPU backend in {lib_dir} runs on this CPU")
-
-
-def _allow_amx() -> None:
-    """Linux hands out the AMX tile state only on request (arch_prctl); the variant chosen
-    for a CPU with AMX uses it. Fails harmlessly where there is no AMX."""
-    if os.uname().machine != "x86_64":
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
-    libc.syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata)
 
 
 class Vocab:
@@ -84,12 +58,20 @@ class Vocab:
         self.model = model
         self.vocab = ll.llama_model_get_vocab(model)
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        # A vocab_only load has no hyperparameters: read the size from the metadata.
+        self.n_embd = int(ll.llama_model_n_embd(model)) or int(
+            self._meta(f"{self._meta('general.architecture')}.embedding_length") or 0)
         self._pieces: dict[int, bytes] = {}
         tmpl = ll.llama_model_chat_template(model, None)
         self.chat_template = cfg.chat_template or (tmpl.decode() if tmpl else None)
         self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
         self.bos_text = self._text(ll.llama_vocab_bos(self.vocab))
         self.eos_text = self._text(ll.llama_vocab_eos(self.vocab))
+
+    def _meta(self, key: str) -> str:
+        buf = ctypes.create_string_buffer(128)
+        n = ll.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode() if n >= 0 else ""
 
     def _text(self, tok: int) -> str:
         if tok < 0:
@@ -102,10 +84,11 @@ class Vocab:
             return prompt or ""
         return render_chat(self.chat_template, messages, self.bos_text, self.eos_text)
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         data = text.encode()
         # A template that writes the BOS text itself must not get a second BOS.
-        add_special = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
+        add_special = add_special and self.add_bos and not (
+            self.bos_text and text.startswith(self.bos_text))
         buf = (ll.llama_token * (len(data) + 8))()
         n = ll.llama_tokenize(self.vocab, data, len(data), buf, len(buf), add_special, True)
         if n < 0:
@@ -125,6 +108,20 @@ class Vocab:
             n = ll.llama_token_to_piece(self.vocab, tok, buf, -n, 0, False)
         self._pieces[tok] = buf.raw[:n]
         return self._pieces[tok]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """Token ids -> text (special tokens as their text, as vLLM's /detokenize does)."""
+        if any(t < 0 or t >= self.n_vocab for t in tokens):
+            raise ValueError(f"token ids are in [0, {self.n_vocab})")
+        return b"".join(self._special_piece(t) for t in tokens).decode(errors="replace")
+
+    def _special_piece(self, tok: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(self.vocab, tok, buf, 64, 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, tok, buf, -n, 0, True)
+        return buf.raw[:n]
 
     def is_eog(self, tok: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self.vocab, tok))

@@ -20,6 +20,7 @@ IDLE_MODEL = "smollm2-idle"
 NO_WORKER_MODEL = "smollm2-noworker"  # never gets a worker in the session
 SMOL = "smollm2-135m-instruct"
 GEMMA = "gemma3-270m"
+EMBED = "all-minilm-l6-v2"
 WEBHOOK_SECRET = "whsec_tokenq_tests"
 MAX_BATCH_LINES = 300
 
@@ -70,18 +71,19 @@ def stack_settings(redis_server: EmbeddedRedis, state_dir: Path, models_file: Pa
 
 @pytest.fixture(scope="session")
 def stack(stack_settings: Settings) -> Iterator[Stack]:
-    """The API and one worker each for SmolLM2 and Gemma, as `tokenq up` starts them."""
+    """The API and one worker each for SmolLM2, Gemma and MiniLM, as `tokenq up` starts
+    them."""
     os.environ["TOKENQ_MAX_BODY_BYTES"] = str(stack_settings.max_body_bytes)
     # Short leases so a killed worker's job is taken over within seconds in tests.
     os.environ.update(TOKENQ_LEASE_TTL_S="4", TOKENQ_HEARTBEAT_S="1", TOKENQ_RECONCILE_S="1",
                       TOKENQ_DRAIN_GRACE_S="1", TOKENQ_WEBHOOK_SECRET=WEBHOOK_SECRET,
                       TOKENQ_MAX_BATCH_LINES=str(MAX_BATCH_LINES))
     st = Stack(stack_settings, port=free_port(), workers=1,
-               models=[SMOL, GEMMA, IDLE_MODEL, NO_WORKER_MODEL], quiet=True)
-    # Start workers only for the two real models; IDLE_MODEL keeps its jobs queued.
-    st.start_parts(worker_models=[SMOL, GEMMA])
+               models=[SMOL, GEMMA, EMBED, IDLE_MODEL, NO_WORKER_MODEL], quiet=True)
+    # Start workers only for the real models; IDLE_MODEL keeps its jobs queued.
+    st.start_parts(worker_models=[SMOL, GEMMA, EMBED])
     try:
-        st.wait_ready(models=[SMOL, GEMMA])
+        st.wait_ready(models=[SMOL, GEMMA, EMBED])
         yield st
     finally:
         st.stop()

@@ -76,7 +76,9 @@ class Heartbeat:
         hb = WorkerHeartbeat(
             model=self.model, backend=self.engine.backend, slots=st.slots, running=st.running,
             waiting=st.waiting, kv_cache_usage=st.kv_cache_usage,
-            prefix_hit_ratio=st.prefix_hit_ratio, metrics_port=self.metrics_port,
+            prefix_hit_ratio=st.prefix_hit_ratio,
+            max_model_len=getattr(self.engine, "max_model_len", None),
+            metrics_port=self.metrics_port,
             metrics_host=self.metrics_host, ts=time.time(), pid=os.getpid(),
             adapters=self.adapters.summary())
         self.r.hset(keys.WORKERS, self.worker_id, hb.model_dump_json())

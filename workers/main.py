@@ -17,7 +17,7 @@ from celery import signals
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from shared import keys
+from shared import keys, logs
 from shared.celery_app import (
     GENERATE_TASK,
     create_celery,
@@ -35,6 +35,12 @@ log = logging.getLogger(__name__)
 def build_engine(settings: Settings, model: str) -> Engine:
     cfg = settings.models()[model]
     backend = select_backend(cfg)
+    if backend == "llama" and cfg.embedding:
+        from workers.engines.llamacpp_embed import LlamaEmbedEngine
+
+        if settings.worker_threads:
+            cfg = cfg.model_copy(update={"n_threads": settings.worker_threads})
+        return LlamaEmbedEngine(cfg, gguf_path(cfg, settings.state_dir))
     if backend == "llama":
         from workers.engines.llamacpp import LlamaCppEngine
 
@@ -62,6 +68,10 @@ def _vllm_engine(settings: Settings, model: str, cfg: ModelConfig) -> Engine:
         raise SystemExit(
             f"model {model!r}: vLLM serves a Hugging Face folder and {path} has none; "
             f"run `tokenq models convert {model}` once (GGUF -> safetensors)")
+    if cfg.embedding:
+        from workers.engines.vllm_embed import VllmEmbedEngine
+
+        return VllmEmbedEngine(cfg, path)
     from workers.engines.vllm import VllmEngine
 
     return VllmEngine(cfg, path)
@@ -70,8 +80,14 @@ def _vllm_engine(settings: Settings, model: str, cfg: ModelConfig) -> Engine:
 def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
     if model not in settings.models():
         raise SystemExit(f"unknown model {model!r}; known: {', '.join(settings.models())}")
+    logs.configure(loglevel)
     app = create_celery(settings)
     tolerate_acks_after_connection_loss()
+
+    @signals.setup_logging.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _logs(**_: Any) -> None:  # Celery keeps ours (text or JSON lines)
+        logs.configure(loglevel)
+
     app.task(name=GENERATE_TASK, bind=True, acks_late=True, ignore_result=True)(tasks.generate)
     cfg = settings.models()[model]
 

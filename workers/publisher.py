@@ -39,6 +39,11 @@ class JobHandle:
     usage: tuple[int, int] = (0, 0)  # prompt, completion tokens, set when the job ends
     resumed: int = 0  # tokens an earlier attempt streamed (a takeover continues after them)
     released: bool = False  # handed back: its lease is no longer renewed
+    # Redis writes that carried this job's events (tracing): count, seconds, and the
+    # (start, end) of the latest one (the terminal event's, once done).
+    writes: int = 0
+    write_s: float = 0.0
+    last_write: tuple[float, float] | None = None
 
 
 class Publisher:
@@ -147,8 +152,7 @@ class Publisher:
         by_job: dict[tuple[str, int], list[TokenDelta]] = defaultdict(list)
         for t in step.tokens:
             by_job[(t.job_id, t.attempt)].append(t)
-        tokens = {job: [TokenWrite(dumps({"text": t.text, "index": t.index}), t.token_id,
-                                   t.index) for t in toks]
+        tokens = {job: [TokenWrite(dumps(_token_event(t)), t.token_id, t.index) for t in toks]
                   for job, toks in by_job.items()}
         now = time.time()
         # The handles' text feeds the ending's `output` below; remember where each stood so
@@ -160,6 +164,7 @@ class Publisher:
                 before[job_id] = len(handle.text)
                 handle.text.extend(t.text for t in toks)
         endings = [self._ending(f) for f in step.finished]
+        t_write = time.time()
         try:
             appended, ended = self._store.write_step(tokens, endings)
         except redis.RedisError:
@@ -168,6 +173,13 @@ class Publisher:
                 if handle is not None:
                     del handle.text[n:]
             raise
+        t_done = time.time()
+        for job_id in {*(j for j, _ in tokens), *(f.job_id for f in step.finished)}:
+            handle = self._handles.get(job_id)
+            if handle is not None:
+                handle.writes += 1
+                handle.write_s += t_done - t_write
+                handle.last_write = (t_write, t_done)
         for job_id, _ in tokens:
             handle = self._handles.get(job_id)
             if handle is not None and handle.first_token_at is None:
@@ -196,7 +208,9 @@ class Publisher:
         usage = {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
                  "total_tokens": f.prompt_tokens + f.completion_tokens}
         fields["usage"] = dumps(usage)
-        if handle is not None:
+        if f.output is not None:
+            fields["output"] = f.output
+        elif handle is not None:
             fields["output"] = "".join(handle.text)
         if f.reason in ("stop", "length"):
             fields["finish_reason"] = f.reason
@@ -212,3 +226,11 @@ class Publisher:
     def _outcome(f: Finished) -> str:
         return {"stop": "succeeded", "length": "succeeded", "cancelled": "cancelled"}.get(
             f.reason, "failed")
+
+
+def _token_event(t: TokenDelta) -> dict[str, object]:
+    """A token event's data: its text and index, and its logprobs where asked for."""
+    data: dict[str, object] = {"text": t.text, "index": t.index}
+    if t.logprobs is not None:
+        data["logprobs"] = t.logprobs
+    return data

@@ -20,6 +20,7 @@ import redis
 from celery import Celery
 from prometheus_client import start_http_server
 
+from shared import tracing
 from shared.celery_app import create_celery
 from shared.metrics import WorkerMetrics
 from shared.settings import ModelConfig, Settings
@@ -69,6 +70,7 @@ class WorkerRuntime:
 
     def start(self) -> None:
         s = self.settings
+        tracing.setup(s.tracing, "tokenq-worker")
         if s.worker_metrics_port is not None:
             server, _ = start_http_server(s.worker_metrics_port, addr=s.worker_metrics_addr,
                                           registry=self.metrics.registry)

@@ -17,7 +17,7 @@ import redis
 from celery import Task
 from celery.exceptions import Reject
 
-from shared import keys
+from shared import keys, logs, tracing
 from shared.jobs import Acquired, Ending, dumps
 from shared.schemas import EVENT_CANCELLED
 from workers.engines.base import EngineRequest
@@ -39,15 +39,31 @@ def generate(task: Task, job_id: str) -> str:
 
 
 def run_job(rt: WorkerRuntime, job_id: str) -> str:
-    """acquire -> submit -> wait -> end; the outcome (or why the job was not run)."""
+    """acquire -> submit -> wait -> end; the outcome (or why the job was not run). Every
+    log line of the job carries its id, tenant, model and worker (JSON logs)."""
+    tenant: str | None = None
+    if logs.json_wanted():
+        try:
+            tenant = rt.r.hget(keys.job(job_id), "owner")  # type: ignore[assignment]
+        except redis.RedisError:
+            pass
+    with logs.bind(job_id=job_id, tenant=tenant, model=rt.model, worker=rt.worker_id):
+        return _run_job(rt, job_id)
+
+
+def _run_job(rt: WorkerRuntime, job_id: str) -> str:
     if rt.engine_dead.is_set() or not rt.engine.healthy():
         # This worker is on its way out; leave the message for a live one.
         time.sleep(0.5)
         raise Reject("the worker's engine is dead", requeue=True)
+    acquire_start = time.time()
     got = rt.store.acquire(job_id, rt.worker_id)
+    acquire_end = time.time()
     if not isinstance(got, Acquired):
         log.info("job %s: not run (%s)", job_id, got.reason)
         return str(got.reason)
+    log.info("job %s: attempt %d started", job_id, got.attempt,
+             extra={"attempt": got.attempt})
     started = time.time()
     if got.cancel_requested:  # cancelled while its message was on the way
         rt.store.finish(Ending(job_id, got.attempt, "cancelled",
@@ -58,6 +74,7 @@ def run_job(rt: WorkerRuntime, job_id: str) -> str:
         outcome = wait(rt, job_id, got.attempt, handle)
         try:
             observe(rt, job_id, got.attempt, started, handle)
+            trace(rt, job_id, got.attempt, (acquire_start, acquire_end), handle)
         except redis.RedisError:
             log.warning("job %s: metrics skipped (Redis unavailable)", job_id)
         return outcome
@@ -75,7 +92,8 @@ def submit(rt: WorkerRuntime, job_id: str, got: Acquired) -> JobHandle:
     try:
         rt.engine.submit(EngineRequest(
             job_id=job_id, attempt=got.attempt, prompt=spec.prompt, messages=spec.messages,
-            resume_token_ids=token_ids, params=spec.params, adapter=spec.adapter))
+            resume_token_ids=token_ids, inputs=spec.inputs, params=spec.params,
+            adapter=spec.adapter))
     except BaseException:
         rt.publisher.untrack(job_id)
         raise
@@ -130,6 +148,24 @@ def observe(rt: WorkerRuntime, job_id: str, attempt: int, started: float,
         m.ttft.labels(model).observe(max(0.0, handle.first_token_at - t0))
         if completion > 1:
             m.tpot.labels(model).observe((now - handle.first_token_at) / (completion - 1))
+
+
+def trace(rt: WorkerRuntime, job_id: str, attempt: int, acquired: tuple[float, float],
+          handle: JobHandle) -> None:
+    """The attempt's spans (acquire, queue wait, first token, writes), children of the
+    request that created the job, where tracing is on."""
+    if not tracing.enabled():
+        return
+    got: list[str | None] = rt.r.hmget(  # type: ignore[assignment]
+        keys.job(job_id), ["traceparent", "created_at"])
+    parent, created = got
+    tracing.record_attempt(
+        parent, {"tokenq.job_id": job_id, "tokenq.attempt": attempt,
+                 "tokenq.worker": rt.worker_id, "tokenq.model": rt.model,
+                 "tokenq.outcome": handle.outcome},
+        tracing.AttemptTimes(float(created) if created else None, acquired[0], acquired[1],
+                             handle.first_token_at, handle.last_write, handle.writes,
+                             handle.write_s), time.time())
 
 
 def emitted(r: redis.Redis, job_id: str) -> tuple[list[int], list[str]]:

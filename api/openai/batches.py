@@ -24,8 +24,12 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from redis.exceptions import WatchError
+
+from api import idempotency
 from api.deps import AppState
-from api.errors import Conflict, InvalidRequest, NotFound
+from api.errors import Conflict, IdempotencyInProgress, InvalidRequest, NotFound
+from api.idempotency import Idem
 from api.openai import files
 from api.openai.protocol import ENDPOINTS, final_response
 from shared import keys
@@ -61,7 +65,13 @@ def batch_object(h: dict[str, str]) -> dict[str, Any]:
 
 
 async def create(state: AppState, tenant: str, input_file_id: str, endpoint: str,
-                 completion_window: str, metadata: dict[str, str] | None) -> dict[str, Any]:
+                 completion_window: str, metadata: dict[str, str] | None,
+                 idem: Idem | None = None) -> tuple[dict[str, Any], bool]:
+    """(the batch, whether it is the Idempotency-Key's earlier one)."""
+    if idem is not None:
+        earlier = await _replay(state, tenant, idem)
+        if earlier is not None:
+            return earlier, True
     if endpoint not in ENDPOINTS:
         raise InvalidRequest(f"endpoint must be one of {', '.join(ENDPOINTS)}",
                              param="endpoint")
@@ -83,15 +93,46 @@ async def create(state: AppState, tenant: str, input_file_id: str, endpoint: str
         h["metadata"] = dumps(metadata)
         if metadata.get("webhook_url"):
             h["webhook_url"] = metadata["webhook_url"]
-    pipe = state.redis.pipeline(transaction=True)
-    pipe.hset(keys.batch(batch_id), mapping=h)  # type: ignore[arg-type]
-    pipe.zadd(keys.tenant_batches(tenant), {batch_id: now})
-    pipe.sadd(keys.BATCHES_PENDING, batch_id)
-    await pipe.execute()
+    async with state.redis.pipeline(transaction=True) as pipe:
+        if idem is not None:
+            # The key and the batch are written in one MULTI, which fails if another
+            # request set the key after our read: that one's batch is then the answer.
+            await pipe.watch(idem.redis_key)
+            if await pipe.exists(idem.redis_key):
+                return await _replay_or_conflict(state, tenant, idem), True
+            pipe.multi()  # type: ignore[no-untyped-call]
+            pipe.set(idem.redis_key, f"{batch_id}|{idem.body_sha}",
+                     ex=state.settings.idempotency_ttl_s)
+        pipe.hset(keys.batch(batch_id), mapping=h)  # type: ignore[arg-type]
+        pipe.zadd(keys.tenant_batches(tenant), {batch_id: now})
+        pipe.sadd(keys.BATCHES_PENDING, batch_id)
+        try:
+            await pipe.execute()
+        except WatchError:
+            return await _replay_or_conflict(state, tenant, idem), True
     wake = state.background.get("batch_wake")
     if wake is not None:
         wake.set()
-    return batch_object(h)
+    return batch_object(h), False
+
+
+async def _replay(state: AppState, tenant: str, idem: Idem) -> dict[str, Any] | None:
+    stored: str | None = await state.redis.get(idem.redis_key)  # type: ignore[assignment]
+    if stored is None:
+        return None
+    batch_id, sha = idempotency.split(stored)
+    idempotency.check_same_body(idem, sha)
+    h: dict[str, str] = await state.redis.hgetall(keys.batch(batch_id))  # type: ignore[assignment]
+    return batch_object(h) if h and h.get("owner") == tenant else None
+
+
+async def _replay_or_conflict(state: AppState, tenant: str,
+                              idem: Idem | None) -> dict[str, Any]:
+    earlier = None if idem is None else await _replay(state, tenant, idem)
+    if earlier is None:
+        raise IdempotencyInProgress("a request with this Idempotency-Key is being "
+                                    "processed; retry", param="Idempotency-Key")
+    return earlier
 
 
 async def _hash(state: AppState, tenant: str, batch_id: str) -> dict[str, str]:

@@ -2,30 +2,43 @@
 
 A request becomes a native JobRequest (`to_job`), so it runs through the same
 queue, leases and streams as a job posted to /v1/jobs. Unknown fields are
-ignored the way vLLM's server ignores them; fields tokenq cannot honour
-(n > 1, logprobs, tools, logit_bias, echo, suffix) are refused with a 400
+ignored and named in a warning in the log, as vLLM's server does; fields tokenq
+cannot honour (n > 1, logprobs, tools, echo, suffix) are refused with a 400
 rather than silently dropped.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.errors import InvalidRequest
-from shared.schemas import ChatMessage, JobRecord, JobRequest, Priority, ResponseFormat
+from shared.schemas import (
+    MAX_TOP_LOGPROBS,
+    ChatMessage,
+    JobRecord,
+    JobRequest,
+    LogitBias,
+    Priority,
+    ResponseFormat,
+)
+
+log = logging.getLogger(__name__)
 
 ChatEndpoint = "/v1/chat/completions"
 CompletionEndpoint = "/v1/completions"
 ENDPOINTS = (ChatEndpoint, CompletionEndpoint)
+MAX_N = 8
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # vLLM's way: accept unknown fields, ignore them and say so in the log.
+    model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -33,30 +46,26 @@ class _Common(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)  # vLLM's extension; -1 = off
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)  # vLLM's extension
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     stop: str | list[str] | None = None
     seed: int | None = None
-    n: int | None = 1
+    # Choices: n sibling jobs on the same prompt (see serving.py).
+    n: int | None = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: bool | int | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: LogitBias | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
     priority: Priority | None = None  # tokenq extension; batch lines run at `low`
 
     @model_validator(mode="after")
     def _supported(self) -> _Common:
-        if self.n not in (None, 1):
-            raise ValueError("n: only n=1 is supported (send several requests instead)")
-        if self.logprobs:
-            raise ValueError("logprobs: not supported")
-        if self.logit_bias:
-            raise ValueError("logit_bias: not supported")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(self, name):
-                raise ValueError(f"{name}: not supported; use repetition_penalty")
+        if self.model_extra:
+            log.warning("The following fields were present in the request but ignored: %s",
+                        sorted(self.model_extra))
+            self.model_extra.clear()
         return self
 
     def _job(self, **kw: Any) -> JobRequest:
@@ -64,6 +73,8 @@ class _Common(BaseModel):
             model=self.model, max_tokens=self.max_tokens, temperature=self.temperature,
             top_p=self.top_p, top_k=None if self.top_k == -1 else self.top_k,
             repetition_penalty=self.repetition_penalty, stop=self.stop, seed=self.seed,
+            min_p=self.min_p, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias,
             priority=self.priority or "normal", metadata=self.metadata, **kw)
 
 class ChatCompletionRequest(_Common):
@@ -71,15 +82,24 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @model_validator(mode="after")
     def _no_tools(self) -> ChatCompletionRequest:
         if self.tools:
             raise ValueError("tools: function calling is not supported")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: set logprobs to true to use it")
         return self
 
+    def log_k(self) -> int | None:
+        """Alternatives per token for the engine; None: no logprobs."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
     def to_job(self) -> JobRequest:
-        job = self._job(messages=self.messages, response_format=self.response_format)
+        job = self._job(messages=self.messages, response_format=self.response_format,
+                        logprobs=self.log_k())
         if self.max_completion_tokens is not None:
             job.max_tokens = self.max_completion_tokens
         return job
@@ -89,6 +109,8 @@ class CompletionRequest(_Common):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    response_format: ResponseFormat | None = None  # vLLM accepts it on completions too
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @model_validator(mode="after")
     def _plain(self) -> CompletionRequest:
@@ -100,7 +122,11 @@ class CompletionRequest(_Common):
 
     def to_job(self) -> JobRequest:
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-        return self._job(prompt=prompt)
+        return self._job(prompt=prompt, response_format=self.response_format,
+                         logprobs=self.logprobs)
+
+    def log_k(self) -> int | None:
+        return self.logprobs
 
 def parse(endpoint: str, body: dict[str, Any]) -> ChatCompletionRequest | CompletionRequest:
     """A body for `endpoint` (batch lines use this; routes let FastAPI do it)."""
@@ -121,28 +147,54 @@ def usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
 
-def final_response(endpoint: str, rec: JobRecord) -> dict[str, Any]:
-    """The non-streaming body for a succeeded job (also a batch output line's body)."""
-    created = int(rec.created_at)
-    u = usage(rec.usage.prompt_tokens, rec.usage.completion_tokens) if rec.usage else usage(0, 0)
-    text = rec.output or ""
-    if endpoint == ChatEndpoint:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None,
-                                  "finish_reason": rec.finish_reason or "stop",
-                                  "message": {"role": "assistant", "content": text,
-                                              "refusal": None}}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None,
-                  "finish_reason": rec.finish_reason or "stop"}
-        obj = "text_completion"
-    return {"id": response_id(endpoint, rec.id), "object": obj, "created": created,
-            "model": rec.adapter or rec.model, "choices": [choice], "usage": u,
-            "system_fingerprint": None}
+def chat_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Token events' logprobs entries -> a chat choice's `logprobs` (vLLM's shape)."""
+    return {"content": entries}
+
+
+def completion_logprobs(entries: list[dict[str, Any]], offset: int = 0) -> dict[str, Any]:
+    """-> a completions choice's `logprobs`: parallel lists, text offsets from `offset`."""
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+    return {"text_offset": offsets, "token_logprobs": [e["logprob"] for e in entries],
+            "tokens": [e["token"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]}
+                             for e in entries]}
+
+
+def final_response(endpoint: str, recs: JobRecord | list[JobRecord],
+                   logprobs: list[list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """The non-streaming body for succeeded jobs, one per choice (also a batch output line's
+    body); `logprobs`: each choice's token entries, when the request asked for them."""
+    recs = recs if isinstance(recs, list) else [recs]
+    first = recs[0]
+    prompt = first.usage.prompt_tokens if first.usage else 0
+    u = usage(prompt, sum(r.usage.completion_tokens if r.usage else 0 for r in recs))
+    choices: list[dict[str, Any]] = []
+    for i, rec in enumerate(recs):
+        text = rec.output or ""
+        lp = logprobs[i] if logprobs is not None else None
+        if endpoint == ChatEndpoint:
+            choices.append({"index": i, "finish_reason": rec.finish_reason or "stop",
+                            "logprobs": chat_logprobs(lp) if lp is not None else None,
+                            "message": {"role": "assistant", "content": text,
+                                        "refusal": None}})
+        else:
+            choices.append({"index": i, "text": text, "finish_reason": rec.finish_reason
+                            or "stop", "logprobs": completion_logprobs(lp)
+                            if lp is not None else None})
+    obj = "chat.completion" if endpoint == ChatEndpoint else "text_completion"
+    return {"id": response_id(endpoint, first.id), "object": obj,
+            "created": int(first.created_at), "model": first.adapter or first.model,
+            "choices": choices, "usage": u, "system_fingerprint": None}
+
 
 def chunk(endpoint: str, job_id: str, model: str, created: int, *, text: str | None = None,
           role: bool = False, finish_reason: str | None = None,
-          usage_: dict[str, int] | None = None) -> dict[str, Any]:
+          usage_: dict[str, int] | None = None, index: int = 0,
+          logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """One streamed chunk. A usage-only chunk (include_usage) has empty choices."""
     base = {"id": response_id(endpoint, job_id), "created": created, "model": model,
             "system_fingerprint": None}
@@ -155,11 +207,13 @@ def chunk(endpoint: str, job_id: str, model: str, created: int, *, text: str | N
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
+        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs,
                                   "finish_reason": finish_reason}
         return {**base, "object": "chat.completion.chunk", "choices": [choice]}
-    choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    choice = {"index": index, "text": text or "", "logprobs": logprobs,
+              "finish_reason": finish_reason}
     return {**base, "object": "text_completion", "choices": [choice]}
+
 
 def now() -> int:
     return int(time.time())

@@ -21,14 +21,17 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api import service
 from api.deps import AppState
-from api.errors import Conflict, InvalidRequest, JobExpired, JobFailed
+from api.errors import Conflict, InvalidRequest, JobExpired, JobFailed, TokenqError
 from api.openai.protocol import (
     ChatCompletionRequest,
     ChatEndpoint,
     CompletionRequest,
+    chat_logprobs,
     chunk,
+    completion_logprobs,
     final_response,
     now,
+    usage,
 )
 from shared.jobs import dumps
 from shared.schemas import JobRecord
@@ -40,31 +43,61 @@ CLIENT_ERROR_CODES = frozenset({"context_length_exceeded", "bad_request", "inval
 
 async def create(state: AppState, tenant: str, endpoint: str,
                  body: ChatCompletionRequest | CompletionRequest, request: Request) -> Response:
-    accepted = await service.submit(state, tenant, body.to_job(), extra={"endpoint": endpoint})
-    headers = {"X-Tokenq-Job-Id": accepted.id}
+    jobs = await _submit(state, tenant, endpoint, body)
+    headers = {"X-Tokenq-Job-Id": jobs[0]}
+    if len(jobs) > 1:
+        headers["X-Tokenq-Job-Ids"] = ",".join(jobs)
+    want_lp = body.log_k() is not None
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         s = state.settings
         return EventSourceResponse(
-            _chunks(state, tenant, endpoint, accepted.id, body.model, include_usage),
+            _chunks(state, tenant, endpoint, jobs, body.model, include_usage),
             ping=s.sse_ping_s, send_timeout=s.sse_send_timeout_s, headers=headers)
-    rec = await _await_end(state, tenant, accepted.id, request)
-    return JSONResponse(final_response(endpoint, raise_for_state(rec)), headers=headers)
+    ended = await await_all(state, tenant, jobs, request, want_lp)
+    recs = [raise_for_state(rec) for rec, _ in ended]
+    lps = [lp for _, lp in ended] if want_lp else None
+    return JSONResponse(final_response(endpoint, recs, lps), headers=headers)
+
+
+async def _submit(state: AppState, tenant: str, endpoint: str,
+                  body: ChatCompletionRequest | CompletionRequest) -> list[str]:
+    """One job per choice (n): each runs, streams and can be taken over like any job. With a
+    seed, choice i samples with seed + i, so the choices differ and replay exactly. If a
+    later sibling is refused (queue full), the ones already queued are cancelled."""
+    jobs: list[str] = []
+    try:
+        for i in range(body.n or 1):
+            job = body.to_job()
+            if job.seed is not None and i:
+                job.seed += i
+            accepted = await service.submit(state, tenant, job, extra={"endpoint": endpoint})
+            jobs.append(accepted.id)
+    except BaseException:
+        for job_id in jobs:
+            await service.cancel(state, tenant, job_id, 0)
+        raise
+    return jobs
 
 
 def raise_for_state(rec: JobRecord) -> JobRecord:
-    """A terminal record that is not `succeeded` becomes the matching OpenAI error."""
+    """A terminal record that is not `succeeded` becomes the matching OpenAI error, marked
+    not to be retried: the job already ran (its worker attempts included) to this end."""
     if rec.state == "succeeded":
         return rec
-    if rec.state == "cancelled":
-        raise Conflict(f"job {rec.id} was cancelled", code="cancelled")
-    if rec.state == "expired":
-        raise JobExpired(f"job {rec.id} passed its deadline before it could run")
+    exc: TokenqError
     err = rec.error
-    if err is not None and err.code in CLIENT_ERROR_CODES:
-        raise InvalidRequest(err.message, code=err.code)
-    raise JobFailed(err.message if err else f"job {rec.id} failed",
-                    code=err.code if err else None)
+    if rec.state == "cancelled":
+        exc = Conflict(f"job {rec.id} was cancelled", code="cancelled")
+    elif rec.state == "expired":
+        exc = JobExpired(f"job {rec.id} passed its deadline before it could run")
+    elif err is not None and err.code in CLIENT_ERROR_CODES:
+        exc = InvalidRequest(err.message, code=err.code)
+    else:
+        exc = JobFailed(err.message if err else f"job {rec.id} failed",
+                        code=err.code if err else None)
+    exc.should_retry = False
+    raise exc
 
 
 def _cancel_later(state: AppState, tenant: str, job_id: str) -> None:
@@ -76,57 +109,91 @@ def _cancel_later(state: AppState, tenant: str, job_id: str) -> None:
     task.add_done_callback(_background.discard)
 
 
-async def _await_end(state: AppState, tenant: str, job_id: str, request: Request) -> JobRecord:
-    async def terminal() -> None:
-        async for _ in service.events(state, job_id, None):
-            pass  # the iterator ends after the terminal event
+async def await_all(state: AppState, tenant: str, jobs: list[str], request: Request,
+                     want_lp: bool) -> list[tuple[JobRecord, list[dict[str, Any]]]]:
+    """Wait for every choice's job to end, keeping each one's logprobs entries when asked.
+    A client that goes away cancels them all."""
+    lps: list[list[dict[str, Any]]] = [[] for _ in jobs]
 
-    waiter = asyncio.create_task(terminal())
+    async def terminal(i: int) -> None:
+        async for _, event, raw in service.events(state, jobs[i], None):
+            if want_lp and event == "token":
+                entry = json.loads(raw).get("logprobs")
+                if entry is not None:
+                    lps[i].append(entry)
+
+    waiters = {asyncio.create_task(terminal(i)) for i in range(len(jobs))}
     try:
-        while not waiter.done():
-            await asyncio.wait({waiter}, timeout=0.5)
-            if not waiter.done() and await request.is_disconnected():
-                _cancel_later(state, tenant, job_id)
+        pending = set(waiters)
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=0.5)
+            if pending and await request.is_disconnected():
+                for job_id in jobs:
+                    _cancel_later(state, tenant, job_id)
                 break
-        else:
-            waiter.result()
+        for w in waiters:
+            if w.done() and not w.cancelled():
+                w.result()
     finally:
-        waiter.cancel()
-    return await service.get(state, tenant, job_id)
+        for w in waiters:
+            w.cancel()
+    return [(await service.get(state, tenant, job_id), lps[i]) for i, job_id in enumerate(jobs)]
 
 
-async def _chunks(state: AppState, tenant: str, endpoint: str, job_id: str, model: str,
+async def _chunks(state: AppState, tenant: str, endpoint: str, jobs: list[str], model: str,
                   include_usage: bool) -> AsyncIterator[ServerSentEvent]:
-    created, ended = now(), False
+    """The choices' event streams merged into one chunk stream (choice i = jobs[i])."""
+    created, first = now(), jobs[0]
+    open_ = set(range(len(jobs)))
+    merged: asyncio.Queue[tuple[int, str, str]] = asyncio.Queue()
+
+    async def relay(i: int) -> None:
+        async for _, event, raw in service.events(state, jobs[i], None):
+            await merged.put((i, event, raw))
 
     def sse(obj: dict[str, Any]) -> ServerSentEvent:
         return ServerSentEvent(data=dumps(obj))
 
+    relays = [asyncio.create_task(relay(i)) for i in range(len(jobs))]
+    offsets = [0] * len(jobs)  # completions' text_offset per choice
+    prompt_tokens = completion_tokens = 0
     try:
         if endpoint == ChatEndpoint:
-            yield sse(chunk(endpoint, job_id, model, created, role=True, text=""))
-        async for _, event, raw in service.events(state, job_id, None):
+            for i in range(len(jobs)):
+                yield sse(chunk(endpoint, first, model, created, role=True, text="", index=i))
+        while open_:
+            i, event, raw = await merged.get()
             data = json.loads(raw)
             if event == "token":
-                yield sse(chunk(endpoint, job_id, model, created, text=data["text"]))
+                entry = data.get("logprobs")
+                lp = None
+                if entry is not None:
+                    lp = (chat_logprobs([entry]) if endpoint == ChatEndpoint
+                          else completion_logprobs([entry], offsets[i]))
+                    offsets[i] += len(entry["token"])
+                yield sse(chunk(endpoint, first, model, created, text=data["text"], index=i,
+                                logprobs=lp))
             elif event == "done":
-                ended = True
-                yield sse(chunk(endpoint, job_id, model, created,
+                open_.discard(i)
+                u = data.get("usage") or {}
+                prompt_tokens = int(u.get("prompt_tokens", 0))
+                completion_tokens += int(u.get("completion_tokens", 0))
+                yield sse(chunk(endpoint, first, model, created, index=i, text="",
                                 finish_reason=data["finish_reason"]))
-                if include_usage:
-                    u = data.get("usage") or {}
-                    p, c = int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0))
-                    yield sse(chunk(endpoint, job_id, model, created,
-                                    usage_={"prompt_tokens": p, "completion_tokens": c,
-                                            "total_tokens": p + c}))
             elif event in ("error", "cancelled"):
-                # An error after the stream started goes out as a stream event (vLLM's way).
-                ended = True
+                # An error after the stream started goes out as a stream event (vLLM's way);
+                # the other choices stop with it.
                 code = data.get("code", "cancelled")
-                msg = data.get("message", f"job {job_id} was cancelled")
+                msg = data.get("message", f"job {jobs[i]} was cancelled")
                 yield sse({"error": {"message": msg, "type": "server_error", "code": code,
                                      "param": None}})
+                break
+        if not open_ and include_usage:
+            yield sse(chunk(endpoint, first, model, created,
+                            usage_=usage(prompt_tokens, completion_tokens)))
         yield ServerSentEvent(data="[DONE]")
     finally:
-        if not ended:
-            _cancel_later(state, tenant, job_id)
+        for task in relays:
+            task.cancel()
+        for i in open_:
+            _cancel_later(state, tenant, jobs[i])

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Query, Response
 from pydantic import BaseModel, ConfigDict
 
+from api import idempotency
 from api.deps import StateDep, TenantDep
 from api.openai import batches
 
@@ -23,9 +24,15 @@ class BatchCreate(BaseModel):
 
 
 @router.post("")
-async def create_batch(body: BatchCreate, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
-    return await batches.create(state, tenant, body.input_file_id, body.endpoint,
-                                body.completion_window, body.metadata)
+async def create_batch(body: BatchCreate, state: StateDep, tenant: TenantDep, response: Response,
+                       idempotency_key: Annotated[str | None, Header()] = None
+                       ) -> dict[str, Any]:
+    idem = idempotency.of(tenant, "batch", idempotency_key, body.model_dump(exclude_none=True))
+    batch, replayed = await batches.create(state, tenant, body.input_file_id, body.endpoint,
+                                           body.completion_window, body.metadata, idem)
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return batch
 
 
 @router.get("")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from api import service
+from api import idempotency, joblist, service
 from api.deps import AppState, StateDep, TenantDep
 from api.errors import InvalidRequest, RateLimited
 from api.streams import is_valid_id
@@ -19,11 +20,27 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
 @router.post("", status_code=202, response_model=JobAccepted)
-async def create_job(body: JobRequest, state: StateDep, tenant: TenantDep,
-                     response: Response) -> JobAccepted:
-    accepted = await service.submit(state, tenant, body)
+async def create_job(body: JobRequest, state: StateDep, tenant: TenantDep, response: Response,
+                     idempotency_key: Annotated[str | None, Header()] = None) -> JobAccepted:
+    idem = idempotency.of(tenant, "job", idempotency_key, body.model_dump(exclude_none=True))
+    accepted, replayed = await service.submit_once(state, tenant, body, idem)
     response.headers["Location"] = f"/v1/jobs/{accepted.id}"
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
     return accepted
+
+
+@router.get("")
+async def list_jobs(request: Request, state: StateDep, tenant: TenantDep,
+                    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                    after: str | None = None, status: Annotated[str | None, Query(
+                        alias="state")] = None,
+                    model: str | None = None) -> dict[str, Any]:
+    """This API key's jobs, newest first: `state`, `model` and `metadata[key]=value`
+    filters; OpenAI's list object (`after=<last_id>` for the next page)."""
+    return await joblist.listing(
+        state, tenant, limit=limit, after=after, state=status, model=model,
+        metadata=joblist.metadata_filter(list(request.query_params.multi_items())))
 
 
 @router.get("/{job_id}", response_model=JobRecord)

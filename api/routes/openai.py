@@ -10,13 +10,16 @@ from fastapi.responses import Response
 from api import adapters
 from api.deps import StateDep, TenantDep
 from api.errors import ModelNotFound
+from api.openai import embeddings as embeddings_logic
 from api.openai import serving
+from api.openai.embeddings import EmbeddingRequest
 from api.openai.protocol import (
     ChatCompletionRequest,
     ChatEndpoint,
     CompletionEndpoint,
     CompletionRequest,
 )
+from api.openai.tokenize import context_length
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -25,11 +28,12 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 async def list_models(state: StateDep, _tenant: TenantDep) -> dict[str, Any]:
     """Base models, then loaded LoRA adapters with their base as `parent` (as vLLM lists
     them): a client selects an adapter by passing its name as `model`."""
-    data = [_model(name, None, cfg.n_ctx) for name, cfg in state.models.items()]
+    lens = {name: await context_length(state, name, cfg) for name, cfg in state.models.items()}
+    data = [_model(name, None, n) for name, n in lens.items()]
     for rec in await adapters.list_records(state.redis):
-        ref, cfg = rec.ref(), state.models.get(rec.base)
-        if ref is not None and cfg is not None:
-            data.append(_model(rec.name, rec.base, cfg.n_ctx, ref.path))
+        ref = rec.ref()
+        if ref is not None and rec.base in lens:
+            data.append(_model(rec.name, rec.base, lens[rec.base], ref.path))
     return {"object": "list", "data": data}
 
 
@@ -37,24 +41,32 @@ async def list_models(state: StateDep, _tenant: TenantDep) -> dict[str, Any]:
 async def get_model(model_id: str, state: StateDep, _tenant: TenantDep) -> dict[str, Any]:
     cfg = state.models.get(model_id)
     if cfg is not None:
-        return _model(model_id, None, cfg.n_ctx)
+        return _model(model_id, None, await context_length(state, model_id, cfg))
     found = await adapters.resolve(state, model_id)
     if found is None:
         raise ModelNotFound(f"model {model_id!r} is not served here", param="model")
     base, ref = found
-    return _model(model_id, base, state.models[base].n_ctx, ref.path)
+    n = await context_length(state, base, state.models[base])
+    return _model(model_id, base, n, ref.path)
 
 
-def _model(name: str, parent: str | None, n_ctx: int, root: str | None = None
+def _model(name: str, parent: str | None, max_model_len: int, root: str | None = None
            ) -> dict[str, Any]:
+    """max_model_len: what one request may use (prompt + output), as vLLM reports it."""
     return {"id": name, "object": "model", "created": 0, "owned_by": "tokenq",
-            "root": root or name, "parent": parent, "max_model_len": n_ctx}
+            "root": root or name, "parent": parent, "max_model_len": max_model_len}
 
 
 @router.post("/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: StateDep,
                            tenant: TenantDep) -> Response:
     return await serving.create(state, tenant, ChatEndpoint, body, request)
+
+
+@router.post("/embeddings", response_model=None)
+async def embeddings(body: EmbeddingRequest, request: Request, state: StateDep,
+                     tenant: TenantDep) -> Response:
+    return await embeddings_logic.create(state, tenant, body, request)
 
 
 @router.post("/completions", response_model=None)

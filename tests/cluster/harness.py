@@ -190,23 +190,25 @@ class Reader:
                 self.marks["first_token"] = time.monotonic()
             if ev.event == "started" and ev.data["attempt"] > 1:
                 self.marks.setdefault("takeover_started", time.monotonic())
-            if ev.event == "token" and "fault" in self.marks and \
-                    "token_after_fault" not in self.marks:
-                self.marks["token_after_fault"] = time.monotonic()
+            if ev.event == "token" and "takeover_started" in self.marks:
+                self.marks.setdefault("takeover_token", time.monotonic())
             if self.done:
                 return True
             if until is not None and until(self):
                 return False
         return self.done
 
-    def read_resuming(self, clients: list[httpx.Client], timeout: float = 180) -> None:
-        """Read to the end, moving to the next client (API replica) when one fails."""
+    def read_resuming(self, clients: list[httpx.Client], timeout: float = 180,
+                      idle_s: float = 10) -> None:
+        """Read to the end, moving to the next client (API replica) when one fails or goes
+        silent for `idle_s` (the API pings idle streams more often: a replica that died with
+        the connection open sends nothing, not even a reset)."""
         deadline = time.monotonic() + timeout
         i = 0
         while not self.done:
             assert time.monotonic() < deadline, f"{self.job_id}: no terminal event in time"
             try:
-                self.read(clients[i % len(clients)], timeout=max(5.0, deadline - time.monotonic()))
+                self.read(clients[i % len(clients)], timeout=idle_s)
             except (httpx.TransportError, httpx.HTTPStatusError):
                 i += 1
                 time.sleep(0.2)

@@ -16,7 +16,10 @@ from shared.jobs import (
     Cancelled,
     Created,
     Ending,
+    IdemKey,
+    KeyReused,
     QueueFull,
+    Replayed,
     Skipped,
     SkipReason,
     TenantFull,
@@ -100,6 +103,30 @@ def test_tenant_queued_limit_counts_only_queued_jobs(r: redis.Redis) -> None:
     assert r.zcard(TENANT_QUEUED) == 1
     acquire(r)  # running jobs no longer count against the tenant's queued limit
     assert r.zcard(TENANT_QUEUED) == 0
+
+
+def test_idempotency_key_is_set_with_the_job_and_answers_its_job(r: redis.Redis) -> None:
+    idem_key = keys.idempotency("t", "job", "k1")
+    st = store(r)
+
+    def create_with(job_id: str, body_sha: str) -> object:
+        fields = {"id": job_id, "owner": "t", "model": "m", "state": "queued",
+                  "attempts": "0", "created_at": repr(time.time()), "spec": SPEC,
+                  "request": "{}"}
+        return st.create(job_id, fields, tenant="t", queue="q", message=MSG,
+                         idem=IdemKey(idem_key, body_sha, 60))
+
+    assert create_with(JOB, "sha-a") == Created(0)
+    assert r.get(idem_key) == f"{JOB}|sha-a" and 0 < r.ttl(idem_key) <= 60
+    # the same key again: the first job, and nothing new is created
+    assert create_with("job_t2", "sha-a") == Replayed(JOB)
+    assert create_with("job_t3", "sha-b") == KeyReused(JOB)
+    assert not r.exists(keys.job("job_t2")) and not r.exists(keys.job("job_t3"))
+    assert r.llen("q") == 1
+    # a key whose job is gone no longer binds: the next request makes a job and takes it
+    r.delete(keys.job(JOB))
+    assert create_with("job_t4", "sha-b") == Created(1)
+    assert r.get(idem_key) == "job_t4|sha-b"
 
 
 def test_replayed_token_step_is_written_once(r: redis.Redis) -> None:

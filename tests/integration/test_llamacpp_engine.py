@@ -226,3 +226,31 @@ def test_step_after_a_first_token_waits_for_its_flush(tmp_path: Path) -> None:
         assert 0.15 < gap < 5, gap
     finally:
         eng.close()
+
+
+def test_n_siblings_share_one_prefill(engine: tuple[LlamaCppEngine, Collector]) -> None:
+    """Jobs with the same input (a request's n choices): one prefill; the others copy its KV
+    (seq_cp) and sample from its last row, or, arriving after its prefill, decode only the
+    prompt's last token. The text is unchanged."""
+    eng, col = engine
+    prompt = "Describe the refund policy for a duplicate charge in two sentences."
+    eng.submit(request("sib-alone", prompt, 12))
+    col.wait(["sib-alone"])
+    before = eng.prefix_reused_tokens
+    ids = [f"sib-{i}" for i in range(3)]
+    for job_id in ids:
+        eng.submit(request(job_id, prompt, 12))
+    col.wait(ids)
+    n_prompt = col.finished["sib-0"].prompt_tokens
+    # two copies of one prefill (a late sibling re-decodes the prompt's last token)
+    assert eng.prefix_reused_tokens - before >= 2 * (n_prompt - 1)
+    assert {col.output(i) for i in ids} == {col.output("sib-alone")}
+    # A sibling that arrives while the first is already generating copies its KV too.
+    eng.submit(request("late-0", prompt, 40))
+    with col.cond:
+        assert col.cond.wait_for(lambda: "late-0" in col.text, 60)
+    before = eng.prefix_reused_tokens
+    eng.submit(request("late-1", prompt, 12))
+    col.wait(["late-0", "late-1"])
+    assert eng.prefix_reused_tokens - before == n_prompt - 1
+    assert col.output("late-1") == col.output("sib-alone")

@@ -123,8 +123,8 @@ def test_json_schema_output_validates(oai: openai.OpenAI) -> None:
 
 @pytest.mark.parametrize(("kwargs", "exc"), [
     ({"model": "no-such-model"}, openai.NotFoundError),
-    ({"n": 2}, openai.BadRequestError),
-    ({"logprobs": True}, openai.BadRequestError),
+    ({"n": 99}, openai.BadRequestError),
+    ({"logprobs": True, "top_logprobs": 25}, openai.BadRequestError),
     ({"max_tokens": 0}, openai.BadRequestError),
     ({"temperature": 5}, openai.BadRequestError),
     ({"messages": []}, openai.BadRequestError),

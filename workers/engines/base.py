@@ -30,6 +30,8 @@ class EngineRequest:
     resume_token_ids: list[int] = field(default_factory=list)
     # LoRA adapter version pinned when the job was submitted; None = the base model.
     adapter: AdapterRef | None = None
+    # An embedding job: the texts to embed (prompt and messages are then None).
+    inputs: list[str] | None = None
 
 
 @dataclass(slots=True)
@@ -39,6 +41,7 @@ class TokenDelta:
     index: int
     text: str
     token_id: int
+    logprobs: dict[str, Any] | None = None  # workers/engines/logprobs.entry, when asked
 
 
 @dataclass(slots=True)
@@ -50,6 +53,8 @@ class Finished:
     completion_tokens: int
     error_code: str | None = None
     error_message: str | None = None
+    # The job's result when it is not its token text (an embedding job's vectors, JSON).
+    output: str | None = None
 
 
 @dataclass(slots=True)
@@ -83,6 +88,7 @@ class Engine(Protocol):
 
     backend: str
     slots: int
+    max_model_len: int  # tokens one job may use (prompt + output); known once started
 
     def start(self, sink: Sink) -> None:
         """Load the model and start the engine loop; outputs go to `sink`."""

@@ -71,6 +71,7 @@ class FakeEngine:
     def __init__(self, cfg: ModelConfig):
         self.cfg = cfg
         self.slots = cfg.n_parallel
+        self.max_model_len = cfg.n_ctx // cfg.n_parallel
         self.interval = 1.0 / max(cfg.fake_tokens_per_s, 0.001)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._waiting: list[EngineRequest] = []

@@ -1,7 +1,9 @@
 """llama.cpp engine: continuous batching over one llama_batch, one sequence id per job.
 
 The only engine module that imports llama_cpp, with its helpers: shared/vocab.py (backend
-start-up, tokenizer; the API uses it too), llamacpp_sampling.py and llamacpp_lora.py.
+start-up, tokenizer; the API uses it too), llamacpp_sampling.py, llamacpp_lora.py
+(adapters) and llamacpp_seq.py (a job's sequence; a request's n choices sharing one
+prefill).
 One context with n_seq_max = slots (each sequence gets n_ctx / slots cells, as in
 llama-server). Every step:
 1. take new jobs and cancels from the inbox (a job joins at the next step) and
@@ -29,15 +31,16 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import llama_cpp as ll
+import numpy as np
 
 from shared.adapters import AdapterRef
 from shared.settings import ModelConfig
 from shared.vocab import Vocab
+from workers.engines import logprobs
 from workers.engines.base import (
     EndReason,
     EngineRequest,
@@ -51,29 +54,11 @@ from workers.engines.budget import PrefillBudget
 from workers.engines.detok import Released, TextStream
 from workers.engines.llamacpp_lora import BASE, LoraSet, pick_group
 from workers.engines.llamacpp_sampling import Sampler
+from workers.engines.llamacpp_seq import Seq, find_leader, fork
 
 __all__ = ["LlamaCppEngine", "Vocab"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class _Seq:
-    req: EngineRequest
-    seq_id: int
-    tokens: list[int]  # prompt (+ resumed tokens) still to prefill, then fed back one by one
-    n_prompt: int
-    sampler: Sampler
-    text: TextStream
-    n_past: int = 0
-    generated: int = 0
-    emitted: int = 0
-    history: list[int] = field(default_factory=list)
-    group: int = BASE  # LoRA version id the job's KV is computed with
-
-    @property
-    def prefilling(self) -> bool:
-        return len(self.tokens) > 1 or self.n_past == 0
 
 
 class LlamaCppEngine:
@@ -84,9 +69,10 @@ class LlamaCppEngine:
         self.model_path = model_path
         self.slots = cfg.n_parallel
         self.n_ctx_seq = cfg.n_ctx // cfg.n_parallel
+        self.max_model_len = self.n_ctx_seq
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._waiting: list[EngineRequest] = []
-        self._active: dict[int, _Seq] = {}
+        self._active: dict[int, Seq] = {}
         self._free_ids = list(range(self.slots))
         # (adapter version, tokens) whose KV a free slot still holds
         self._cached: dict[int, tuple[int, list[int]]] = {}
@@ -287,16 +273,28 @@ class LlamaCppEngine:
                         f"worker's context is {self.n_ctx_seq}"))
                 continue
             seq_id, reused = self._take_slot(tokens, group)
+            leader = (find_leader(self._active.values(), tokens, group)
+                      if reused < len(tokens) // 2 else None)
+            if leader is not None:  # n choices: one prefill, then a copy of its KV
+                ll.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
+                reused = 0
+                if leader.history[:len(tokens)] == tokens and leader.n_past >= len(tokens):
+                    # It is past its prompt already: copy its KV, drop what it generated
+                    # after the prompt and the prompt's last cell (decoded again for logits).
+                    ll.llama_memory_seq_cp(self.mem, leader.seq_id, seq_id, -1, -1)
+                    reused = len(tokens) - 1
+                    ll.llama_memory_seq_rm(self.mem, seq_id, reused, -1)
+                    leader = None
             self.prompt_tokens_total += len(tokens)
             self.prefix_reused_tokens += reused
-            self._active[seq_id] = _Seq(
+            self._active[seq_id] = Seq(
                 req=req, seq_id=seq_id, tokens=tokens[reused:], n_past=reused,
                 n_prompt=len(prompt),
                 sampler=sampler, text=TextStream(req.params.stop,
                                                             next_index=len(req.resume_token_ids)),
                 generated=len(req.resume_token_ids),
                 emitted=len(req.resume_token_ids), history=list(tokens), group=group,
-            )
+                leader=leader)
 
     def _take_slot(self, tokens: list[int], group: int) -> tuple[int, int]:
         """The free slot whose cached KV shares the longest prefix with `tokens`, and how many
@@ -326,15 +324,15 @@ class LlamaCppEngine:
 
     def _step(self, out: StepOutput) -> None:
         batch, n = self.batch, 0
-        rows: list[tuple[_Seq, int]] = []
+        rows: list[tuple[Seq, int]] = []
         # One adapter group per step (adapters apply to the whole context); groups rotate.
         group = pick_group((s.group for s in self._active.values()), self._last_group)
         self._last_group = group
         self.lora.apply(group)
         # Decoders first: one token each keeps every stream moving every step. Prompts
         # (oldest first) share what the prefill budget leaves.
-        order = sorted((s for s in self._active.values() if s.group == group),
-                       key=lambda s: s.prefilling)
+        order = sorted((s for s in self._active.values()
+                        if s.group == group and s.leader is None), key=lambda s: s.prefilling)
         decoding = sum(1 for s in order if not s.prefilling)
         budget = decoding + self.budget.tokens(decoding, len(order) - decoding)
         for seq in order:
@@ -357,8 +355,13 @@ class LlamaCppEngine:
             for seq in list(self._active.values()):
                 self._finish(seq, "error", out, "engine_error", f"llama_decode returned {rc}")
             return
+        forked = fork(self.mem, self._active.values(), rows)
+        self.prefix_reused_tokens += sum(f.n_past for f, _ in forked)
+        rows += forked
         for seq, row in rows:
             tok = seq.sampler.sample(self.ctx, row)
+            if seq.req.params.logprobs is not None and not self.vocab.is_eog(tok):
+                seq.logprobs[seq.generated] = self._logprobs(row, tok, seq.req.params.logprobs)
             if self.vocab.is_eog(tok):
                 self._finish(seq, "stop", out)
                 continue
@@ -372,15 +375,22 @@ class LlamaCppEngine:
             else:
                 seq.tokens = [tok]
 
-    def _emit(self, seq: _Seq, released: list[Released], out: StepOutput) -> None:
+    def _logprobs(self, row: int, tok: int, k: int) -> dict[str, Any]:
+        logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self.ctx, row),
+                                       shape=(self.vocab.n_vocab,))
+        lp, top = logprobs.from_logits(logits, tok, k)
+        return logprobs.entry(self.vocab.piece(tok), lp,
+                              [(self.vocab.piece(t), x) for t, x in top])
+
+    def _emit(self, seq: Seq, released: list[Released], out: StepOutput) -> None:
         if released and seq.emitted == len(seq.req.resume_token_ids):
             out.first_token = True
         for r in released:
             out.tokens.append(TokenDelta(seq.req.job_id, seq.req.attempt, r.index, r.text,
-                                         r.token_id))
+                                         r.token_id, seq.logprobs.pop(r.index, None)))
         seq.emitted += len(released)
 
-    def _finish(self, seq: _Seq, reason: EndReason, out: StepOutput,
+    def _finish(self, seq: Seq, reason: EndReason, out: StepOutput,
                 code: str | None = None, message: str | None = None) -> None:
         if reason in ("stop", "length"):
             self._emit(seq, seq.text.finish(), out)
@@ -391,6 +401,9 @@ class LlamaCppEngine:
             ll.llama_memory_seq_rm(self.mem, seq.seq_id, -1, -1)
         else:  # keep the cells for prefix reuse; positions [0, n_past) are valid
             self._cached[seq.seq_id] = (seq.group, seq.history[:seq.n_past])
+        for f in self._active.values():
+            if f.leader is seq:  # it ended before its prefill was done: prefill alone
+                f.leader = None
         seq.sampler.free()
         self.lora.release(seq.group)
         del self._active[seq.seq_id]

@@ -26,6 +26,10 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from shared.schemas import SamplingParams
 
+# Tokens the repetition/frequency/presence penalties look back over (llama-server's
+# default window).
+PENALTY_LAST_N = 64
+
 
 class Sampler:
     def __init__(self, vocab: Any, n_vocab: int, p: SamplingParams):
@@ -45,11 +49,20 @@ class Sampler:
 
     @staticmethod
     def _chain(n_vocab: int, p: SamplingParams) -> Any:
+        """llama-server's order: logit bias, penalties, top-k, top-p, min-p, temperature."""
+        if any(t < 0 or t >= n_vocab for t in p.logit_bias):
+            raise ValueError(f"logit_bias token ids must be in [0, {n_vocab})")
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-        if p.repetition_penalty != 1.0:
+        if p.logit_bias:
+            biases = (ll.llama_logit_bias * len(p.logit_bias))(
+                *(ll.llama_logit_bias(tok, bias) for tok, bias in p.logit_bias.items()))
             ll.llama_sampler_chain_add(
-                chain, ll.llama_sampler_init_penalties(n_vocab, 64, p.repetition_penalty,
-                                                       0.0, 0.0))
+                chain, ll.llama_sampler_init_logit_bias(n_vocab, len(p.logit_bias), biases))
+        if (p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty):
+            ll.llama_sampler_chain_add(
+                chain, ll.llama_sampler_init_penalties(
+                    n_vocab, PENALTY_LAST_N, p.repetition_penalty, p.frequency_penalty,
+                    p.presence_penalty))
         if p.temperature <= 0.0:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
             return chain
@@ -57,6 +70,8 @@ class Sampler:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(p.top_k))
         if p.top_p < 1.0:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(p.top_p, 1))
+        if p.min_p > 0.0:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_min_p(p.min_p, 1))
         ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(p.temperature))
         seed = p.seed if p.seed is not None else random.getrandbits(32)
         ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))

@@ -42,6 +42,7 @@ from shared.adapters import AdapterRef
 from shared.chat import render_chat
 from shared.models import has_nvidia_gpu
 from shared.settings import ModelConfig
+from workers.engines import logprobs
 from workers.engines.base import (
     EndReason,
     EngineRequest,
@@ -114,6 +115,8 @@ class VllmEngine:
         self._stats = _Stats()
         self._sink: Sink | None = None
         self.llm: Any = None
+        self.extra_args: dict[str, Any] = {}  # more engine args (the embedding runner's)
+        self.max_model_len = cfg.max_model_len or 0  # the engine's own value once started
         self._lora_users: dict[int, int] = {}  # version id -> jobs in flight using it
         self._lora_wanted: set[int] = set()  # versions the registry serves
 
@@ -221,7 +224,7 @@ class VllmEngine:
             # CUDA graphs / torch.compile take minutes to capture on CPU for no gain here.
             enforce_eager=c.enforce_eager if c.enforce_eager is not None else not has_nvidia_gpu(),
             enable_chunked_prefill=c.enable_chunked_prefill,
-            disable_log_stats=False, enable_log_requests=False,
+            disable_log_stats=False, enable_log_requests=False, **self.extra_args,
             **({"enable_lora": True, "max_loras": c.max_loras, "max_lora_rank": c.max_lora_rank,
                 "max_cpu_loras": c.max_cpu_loras} if c.enable_lora else {}),
         )
@@ -292,7 +295,9 @@ class VllmEngine:
                       if p.json_schema is not None else None)
         return SamplingParams(
             max_tokens=max_tokens, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-            repetition_penalty=p.repetition_penalty, seed=p.seed,
+            repetition_penalty=p.repetition_penalty, seed=p.seed, min_p=p.min_p,
+            presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+            logit_bias=p.logit_bias or None, logprobs=p.logprobs,
             output_kind=RequestOutputKind.DELTA, structured_outputs=structured)
 
     async def _run(self, req: EngineRequest) -> None:
@@ -305,8 +310,11 @@ class VllmEngine:
         stream = TextStream(req.params.stop, next_index=resumed)
         lora_counted = False
 
+        lps: dict[int, dict[str, Any]] = {}  # token index -> logprobs entry, when asked
+
         def deltas(released: list[Released]) -> list[TokenDelta]:
-            return [TokenDelta(job, attempt, r.index, r.text, r.token_id) for r in released]
+            return [TokenDelta(job, attempt, r.index, r.text, r.token_id, lps.pop(r.index, None))
+                    for r in released]
 
         def end(reason: EndReason, code: str | None = None, msg: str | None = None) -> None:
             self._emit([], Finished(job, attempt, reason, n_prompt, emitted, code, msg))
@@ -341,6 +349,10 @@ class VllmEngine:
                     # An EOS / stop token is not a token of the output (as in llama.cpp).
                     if c.finish_reason == "stop" and not isinstance(c.stop_reason, str) and new:
                         new.pop()
+                    if req.params.logprobs is not None and c.logprobs:
+                        for i, tok in enumerate(new):
+                            lps[stream.next_index + i] = _entry(tok, c.logprobs[i],
+                                                                req.params.logprobs)
                     released: list[Released] = []
                     for i, tok in enumerate(new):
                         piece = c.text if i == len(new) - 1 else ""
@@ -378,3 +390,14 @@ class VllmEngine:
                 self._lora_users[req.adapter.id] -= 1
                 self._maybe_remove(req.adapter.id)
         return None
+
+
+def _entry(tok: int, by_id: Any, k: int) -> dict[str, Any]:
+    """vLLM's {token id: Logprob} for one position -> the token event's logprobs entry."""
+    def raw(lp: Any) -> bytes:
+        return str(lp.decoded_token or "").encode()
+
+    top = sorted((lp for lp in by_id.values() if lp.rank is not None and lp.rank <= k),
+                 key=lambda lp: lp.rank)
+    return logprobs.entry(raw(by_id[tok]), float(by_id[tok].logprob),
+                          [(raw(lp), float(lp.logprob)) for lp in top])

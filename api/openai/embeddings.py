@@ -1,0 +1,88 @@
+"""/v1/embeddings on the queue: one job per request, its inputs batched by the engine.
+
+The job's result is one base64 float32 vector per input (L2-normalised by the worker);
+`encoding_format: float` decodes them here. Unknown fields are ignored with a warning
+in the log, as on chat/completions.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from api import service
+from api.deps import AppState
+from api.errors import InvalidRequest
+from api.openai import serving
+from shared.schemas import MAX_EMBED_INPUTS, JobRequest, Priority
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    input: str | list[str] = Field(min_length=1)
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+    priority: Priority | None = None  # tokenq's
+
+    @model_validator(mode="after")
+    def _inputs(self) -> EmbeddingRequest:
+        if self.model_extra:
+            log.warning("The following fields were present in the request but ignored: %s",
+                        sorted(self.model_extra))
+            self.model_extra.clear()
+        if isinstance(self.input, list) and len(self.input) > MAX_EMBED_INPUTS:
+            raise ValueError(f"input: at most {MAX_EMBED_INPUTS} texts per request")
+        return self
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+async def create(state: AppState, tenant: str, body: EmbeddingRequest,
+                 request: Request) -> JSONResponse:
+    if body.dimensions is not None:
+        await _check_dimensions(state, body)
+    job = JobRequest(model=body.model, input=body.texts(), priority=body.priority or "normal")
+    accepted = await service.submit(state, tenant, job,
+                                    extra={"endpoint": "/v1/embeddings"})
+    ((rec, _),) = await serving.await_all(state, tenant, [accepted.id], request, False)
+    rec = serving.raise_for_state(rec)
+    vectors = json.loads(rec.output or "[]")
+    data = [{"object": "embedding", "index": i,
+             "embedding": v if body.encoding_format == "base64"
+             else np.frombuffer(base64.b64decode(v), dtype=np.float32).tolist()}
+            for i, v in enumerate(vectors)]
+    n = rec.usage.prompt_tokens if rec.usage else 0
+    return JSONResponse(
+        {"id": "embd-" + rec.id.removeprefix("job_"), "object": "list",
+         "created": int(rec.created_at), "model": body.model, "data": data,
+         "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0}},
+        headers={"X-Tokenq-Job-Id": rec.id})
+
+
+async def _check_dimensions(state: AppState, body: EmbeddingRequest) -> None:
+    """No Matryoshka model is served: only the model's own size is accepted (vLLM answers
+    a 400 the same way for a model that does not support matryoshka dimensions)."""
+    cfg = state.models.get(body.model)
+    vocab: Any = None
+    if cfg is not None and cfg.embedding:
+        try:
+            vocab = await state.counter.exact(body.model, cfg)
+        except LookupError:
+            vocab = None
+    size = getattr(vocab, "n_embd", None)
+    if size != body.dimensions:
+        raise InvalidRequest(f"dimensions: this model makes vectors of {size} dimensions and "
+                             "does not support others", param="dimensions")

@@ -1,0 +1,98 @@
+"""/tokenize and /detokenize in vLLM's shapes, and the context one job may use.
+
+Both run in the API on the model's tokenizer (the GGUF vocabulary, or a Hugging Face
+folder's tokenizer for a vLLM-only model), as vLLM's server does: no job, no worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from api import adapters
+from api.deps import AppState
+from api.errors import InvalidRequest, ModelNotFound, Unavailable
+from shared import keys
+from shared.models import select_backend
+from shared.schemas import ChatMessage, live_workers
+from shared.settings import ModelConfig
+
+MAX_DETOKENIZE = 131072
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's TokenizeCompletionRequest and TokenizeChatRequest in one: `prompt` or
+    `messages` (rendered with the model's chat template)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    tokens: list[int] = Field(max_length=MAX_DETOKENIZE)
+
+
+async def base_model(state: AppState, name: str) -> tuple[str, ModelConfig]:
+    """The served model (or an adapter's base) named `name`."""
+    cfg = state.models.get(name)
+    if cfg is not None:
+        return name, cfg
+    found = await adapters.resolve(state, name)
+    if found is None:
+        raise ModelNotFound(f"model {name!r} is not served here", param="model")
+    return found[0], state.models[found[0]]
+
+
+async def context_length(state: AppState, name: str, cfg: ModelConfig) -> int:
+    """Tokens one job may use: n_ctx / n_parallel on llama.cpp; on vLLM the configured
+    max_model_len, else what a live worker's engine reports (the model's own limit)."""
+    backend = select_backend(cfg)
+    if backend != "vllm" or cfg.max_model_len is not None:
+        return cfg.context_length(backend)
+    raw: dict[str, str] = await state.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
+    seen = [hb.max_model_len for hb in live_workers(raw, state.settings.worker_ttl_s).values()
+            if hb.model == name and hb.max_model_len]
+    return min(seen) if seen else cfg.context_length(backend)
+
+
+async def tokenize(state: AppState, body: TokenizeRequest) -> dict[str, Any]:
+    if (body.prompt is None) == (body.messages is None):
+        raise InvalidRequest("give exactly one of 'prompt' and 'messages'", param="prompt")
+    name, cfg = await base_model(state, body.model)
+    vocab = await _vocab(state, name, cfg)
+    messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
+    try:
+        text = vocab.render(body.prompt, messages)
+    except Exception as exc:
+        raise InvalidRequest(f"could not apply the chat template: {exc}",
+                             param="messages") from exc
+    tokens = vocab.tokenize(text, body.add_special_tokens)
+    strs = [vocab.detokenize([t]) for t in tokens] if body.return_token_strs else None
+    return {"count": len(tokens), "max_model_len": await context_length(state, name, cfg),
+            "tokens": tokens, "token_strs": strs}
+
+
+async def detokenize(state: AppState, body: DetokenizeRequest) -> dict[str, Any]:
+    name, cfg = await base_model(state, body.model)
+    vocab = await _vocab(state, name, cfg)
+    try:
+        return {"prompt": vocab.detokenize(body.tokens)}
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="tokens") from exc
+
+
+async def _vocab(state: AppState, name: str, cfg: ModelConfig) -> Any:
+    try:
+        return await state.counter.exact(name, cfg)
+    except LookupError as exc:
+        raise Unavailable(f"{exc}; tokenize on a host that has it", code="no_tokenizer") from exc

@@ -1,0 +1,24 @@
+"""vLLM's /tokenize and /detokenize (thin; logic in api/openai/tokenize.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from api.deps import StateDep, TenantDep
+from api.openai import tokenize as logic
+from api.openai.tokenize import DetokenizeRequest, TokenizeRequest
+
+router = APIRouter(tags=["openai"])
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, state: StateDep, _tenant: TenantDep) -> dict[str, Any]:
+    return await logic.tokenize(state, body)
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, state: StateDep,
+                     _tenant: TenantDep) -> dict[str, Any]:
+    return await logic.detokenize(state, body)

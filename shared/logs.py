@@ -1,0 +1,68 @@
+"""Log lines for every process: text (default) or JSON (TOKENQ_LOG_FORMAT=json), with the
+job's context (job_id, tenant, model, attempt, worker) on every line logged while it is
+bound (`bind(job_id=...)`, per thread or asyncio task: a context variable)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+
+_CTX: contextvars.ContextVar[dict[str, str | int] | None] = contextvars.ContextVar(
+    "tokenq_log_context", default=None)
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+@contextlib.contextmanager
+def bind(**fields: str | int | None) -> Iterator[None]:
+    """Add fields to every log line in this block (nested binds merge)."""
+    token = _CTX.set({**(_CTX.get() or {}), **{k: v for k, v in fields.items() if v is not None}})
+    try:
+        yield
+    finally:
+        _CTX.reset(token)
+
+
+def context() -> dict[str, str | int]:
+    return dict(_CTX.get() or {})
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ts, level, logger, msg, the bound context, exc."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, object] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(), "logger": record.name,
+            "msg": record.getMessage(), **(_CTX.get() or {}),
+        }
+        for key in ("job_id", "tenant", "model", "attempt", "worker", "method", "path",
+                    "status", "duration_ms"):
+            if key in record.__dict__:
+                out[key] = record.__dict__[key]
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False, default=str)
+
+
+def json_wanted() -> bool:
+    return os.environ.get("TOKENQ_LOG_FORMAT", "text").lower() == "json"
+
+
+def formatter() -> logging.Formatter:
+    return JsonFormatter() if json_wanted() else logging.Formatter(TEXT_FORMAT)
+
+
+def configure(level: str | int = "INFO") -> None:
+    """Root logging to stderr in the chosen format (replaces earlier handlers)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)

@@ -1,0 +1,114 @@
+"""The OpenAI surface on llama.cpp: /tokenize, /detokenize, max_model_len, logit_bias,
+min_p, penalties, response_format on completions, unknown fields, x-should-retry."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import jsonschema
+import openai
+import pytest
+import redis
+
+from cli.stack import Stack
+from shared import keys
+from tests import surface_checks as checks
+from tests.conftest import NO_WORKER_MODEL, SMOL
+
+
+@pytest.fixture
+def oai(stack: Stack) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0,
+                       timeout=120) as c:
+        yield c
+
+
+def test_tokenize_detokenize_and_context(client: httpx.Client, oai: openai.OpenAI,
+                                         stack: Stack) -> None:
+    checks.check_tokenize_roundtrip(client, oai, SMOL)
+    cfg = stack.settings.models()[SMOL]
+    # What one job may use on llama.cpp: its slot's share of the KV cache.
+    assert oai.models.retrieve(SMOL).max_model_len == cfg.n_ctx // cfg.n_parallel  # type: ignore[attr-defined]
+
+
+def test_tokenize_bad_input(client: httpx.Client) -> None:
+    checks.check_tokenize_bad_input(client, SMOL)
+
+
+def test_logit_bias(client: httpx.Client, oai: openai.OpenAI) -> None:
+    checks.check_logit_bias(client, oai, SMOL)
+
+
+def test_min_p_and_penalties(oai: openai.OpenAI) -> None:
+    checks.check_min_p_and_penalties(oai, SMOL)
+
+
+def test_sampling_bad_input_enqueues_nothing(oai: openai.OpenAI,
+                                             stack_redis: redis.Redis) -> None:
+    before = stack_redis.llen(keys.queue(SMOL, "normal"))
+    checks.check_sampling_bad_input(oai, SMOL)
+    assert stack_redis.llen(keys.queue(SMOL, "normal")) == before
+
+
+def test_response_format_on_completions(oai: openai.OpenAI) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+              "required": ["city"], "additionalProperties": False}
+    out = oai.completions.create(
+        model=SMOL, prompt="The capital of France as JSON:", max_tokens=40, temperature=0,
+        extra_body={"response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "c", "schema": schema}}})
+    assert out.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(out.choices[0].text), schema)
+
+
+def test_unknown_fields_are_ignored(client: httpx.Client) -> None:
+    resp = client.post("/v1/completions", json={
+        "model": SMOL, "prompt": "Hi", "max_tokens": 2, "no_such_field": {"x": 1},
+        "guided_whatever": True})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["object"] == "text_completion"
+
+
+def test_terminal_failure_says_do_not_retry(stack: Stack, stack_redis: redis.Redis) -> None:
+    """A job that ended (here cancelled while queued) answers x-should-retry: false, so the
+    SDK does not submit it again."""
+    before = set(stack_redis.zrange(keys.tenant_jobs("default"), 0, -1))
+    result: dict[str, httpx.Response] = {}
+
+    def call() -> None:
+        with httpx.Client(base_url=stack.url, timeout=30) as c:
+            result["r"] = c.post("/v1/completions", json={"model": NO_WORKER_MODEL,
+                                                          "prompt": "x", "max_tokens": 2})
+
+    t = threading.Thread(target=call)
+    t.start()
+    deadline = time.time() + 10
+    while not (new := set(stack_redis.zrange(keys.tenant_jobs("default"), 0, -1)) - before):
+        assert time.time() < deadline
+        time.sleep(0.05)
+    (job_id,) = new
+    with httpx.Client(base_url=stack.url, timeout=30) as c:
+        assert c.delete(f"/v1/jobs/{job_id}").status_code == 200
+    t.join(30)
+    resp = result["r"]
+    assert resp.status_code == 409 and resp.headers["x-should-retry"] == "false"
+    assert resp.json()["error"]["code"] == "cancelled"
+
+
+def test_logprobs_chat_and_completions(oai: openai.OpenAI) -> None:
+    checks.check_logprobs(oai, SMOL)
+
+
+def test_n_choices(oai: openai.OpenAI) -> None:
+    checks.check_n(oai, SMOL)
+
+
+def test_logprobs_and_n_bad_input_enqueues_nothing(oai: openai.OpenAI,
+                                                   stack_redis: redis.Redis) -> None:
+    before = stack_redis.llen(keys.queue(SMOL, "normal"))
+    checks.check_logprobs_n_bad_input(oai, SMOL)
+    assert stack_redis.llen(keys.queue(SMOL, "normal")) == before

@@ -1,0 +1,160 @@
+"""Conformance: the same requests to tokenq (vLLM worker) and to vLLM's own OpenAI server on
+the same tiny model; the answers must have the same shape (fields, types, finish reasons,
+logprob structure). Values may differ. Fields only vLLM adds (its extensions beyond
+OpenAI's objects) are listed in VLLM_ONLY; tokenq must have every other field vLLM has.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cli.compare_vllm import vllm_server_args
+from cli.stack import Stack
+from shared.redis_server import free_port
+from shared.settings import ModelConfig
+from tests.vllm.conftest import MAX_MODEL_LEN, SLOTS, TINY
+
+pytestmark = pytest.mark.vllm
+
+# vLLM's own extensions to OpenAI's objects, which tokenq does not produce.
+VLLM_ONLY = {"prompt_logprobs", "prompt_token_ids", "kv_transfer_params", "stop_reason",
+             "token_ids", "service_tier", "reasoning_content", "reasoning", "annotations",
+             "audio", "function_call", "tool_calls", "prompt_tokens_details",
+             "token_strs", "system_fingerprint", "prompt_text", "ec_transfer_params",
+             "metrics", "routed_experts", "completion_tokens_details"}
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_model: Path, state_dir: Path) -> Iterator[str]:
+    from workers.engines.vllm import engine_env
+
+    port = free_port()
+    cfg = ModelConfig(backend="vllm", source="hf", path=str(tiny_model),
+                      max_model_len=MAX_MODEL_LEN, max_num_seqs=SLOTS)
+    env = {**os.environ, **engine_env()}
+    log = (state_dir / "vllm-serve.log").open("wb")
+    proc = subprocess.Popen(vllm_server_args(str(tiny_model), TINY, cfg, port), env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, (state_dir / "vllm-serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "vLLM's server did not start"
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+def shape(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: shape(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [shape(v[0])] if v else []
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int | float):
+        return "number"
+    return type(v).__name__
+
+
+def diff(ours: Any, theirs: Any, path: str = "") -> list[str]:
+    """Where our shape differs from vLLM's (None on either side matches anything)."""
+    if ours == "NoneType" or theirs == "NoneType":
+        return []
+    if isinstance(theirs, dict):
+        if not isinstance(ours, dict):
+            return [f"{path}: {ours} vs object"]
+        out = [f"{path}.{k}: missing" for k in theirs if k not in ours and k not in VLLM_ONLY]
+        for k in theirs.keys() & ours.keys():
+            out += diff(ours[k], theirs[k], f"{path}.{k}")
+        return out
+    if isinstance(theirs, list):
+        if not isinstance(ours, list):
+            return [f"{path}: {ours} vs list"]
+        return diff(ours[0], theirs[0], path + "[]") if ours and theirs else []
+    return [] if ours == theirs else [f"{path}: {ours} vs {theirs}"]
+
+
+def post(url: str, path: str, body: dict[str, Any]) -> Any:
+    r = httpx.post(url + path, json={"model": TINY, **body}, timeout=120)
+    assert r.status_code == 200, (url, path, r.text)
+    return r.json()
+
+
+def sse(url: str, path: str, body: dict[str, Any]) -> list[Any]:
+    import json
+
+    chunks = []
+    with httpx.stream("POST", url + path, json={"model": TINY, "stream": True, **body},
+                      timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    return chunks
+
+
+MSG = [{"role": "user", "content": "Summarise the call."}]
+CASES: list[tuple[str, dict[str, Any]]] = [
+    ("/v1/chat/completions", {"messages": MSG, "max_tokens": 4}),
+    ("/v1/chat/completions", {"messages": MSG, "max_tokens": 4, "logprobs": True,
+                              "top_logprobs": 2, "n": 2}),
+    ("/v1/completions", {"prompt": "The call", "max_tokens": 4, "logprobs": 2}),
+    ("/v1/completions", {"prompt": "The call", "max_tokens": 4, "n": 2,
+                         "presence_penalty": 0.5, "logit_bias": {"5": 1.0}, "min_p": 0.1}),
+    ("/tokenize", {"prompt": "The call"}),
+    ("/detokenize", {"tokens": [5, 6, 7]}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), CASES)
+def test_same_shape_as_vllm(vllm_stack: Stack, vllm_server: str, path: str,
+                            body: dict[str, Any]) -> None:
+    ours, theirs = post(vllm_stack.url, path, body), post(vllm_server, path, body)
+    assert not diff(shape(ours), shape(theirs)), (ours, theirs)
+    if "choices" in theirs:
+        assert len(ours["choices"]) == len(theirs["choices"])
+        assert ([c["finish_reason"] for c in ours["choices"]]
+                == [c["finish_reason"] for c in theirs["choices"]])
+
+
+@pytest.mark.parametrize(("path", "body"), [c for c in CASES if c[0].startswith("/v1")])
+def test_same_stream_shape_as_vllm(vllm_stack: Stack, vllm_server: str, path: str,
+                                   body: dict[str, Any]) -> None:
+    body = {**body, "stream_options": {"include_usage": True}}
+    ours, theirs = sse(vllm_stack.url, path, body), sse(vllm_server, path, body)
+    # Each kind of chunk (role, content, finish, usage) has the same shape as vLLM's.
+    def kinds(chunks: list[Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for c in chunks:
+            ch = c["choices"][0] if c["choices"] else None
+            kind = ("usage" if ch is None else "finish" if ch.get("finish_reason")
+                    else "role" if ch.get("delta", {}).get("role") else "content")
+            out.setdefault(kind, shape(c))
+        return out
+
+    mine, vl = kinds(ours), kinds(theirs)
+    assert set(mine) >= set(vl) - {"role"}, (mine.keys(), vl.keys())
+    for kind in mine.keys() & vl.keys():
+        assert not diff(mine[kind], vl[kind]), (kind, mine[kind], vl[kind])
+    finals = sorted(c["choices"][0]["finish_reason"] for c in ours
+                    if c["choices"] and c["choices"][0].get("finish_reason"))
+    assert finals == sorted(c["choices"][0]["finish_reason"] for c in theirs
+                            if c["choices"] and c["choices"][0].get("finish_reason"))

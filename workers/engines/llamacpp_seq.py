@@ -1,0 +1,74 @@
+"""A job's sequence in the llama.cpp engine, and how a request's n choices share one prefill.
+
+Part of the llama.cpp engine (llamacpp.py). The n choices of a request are n jobs with
+the same input: the first one admitted prefills it; one admitted while that prefill is
+under way waits, then takes a copy of the leader's KV (seq_cp) and samples its first
+token from the leader's last prompt row; one admitted later copies the KV and decodes
+only the prompt's last token again (for fresh logits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import llama_cpp as ll
+
+from workers.engines.base import EngineRequest
+from workers.engines.detok import TextStream
+from workers.engines.llamacpp_lora import BASE
+from workers.engines.llamacpp_sampling import Sampler
+
+
+@dataclass(eq=False)
+class Seq:
+    req: EngineRequest
+    seq_id: int
+    tokens: list[int]  # prompt (+ resumed tokens) still to prefill, then fed back one by one
+    n_prompt: int
+    sampler: Sampler
+    text: TextStream
+    n_past: int = 0
+    generated: int = 0
+    emitted: int = 0
+    history: list[int] = field(default_factory=list)
+    group: int = BASE  # LoRA version id the job's KV is computed with
+    logprobs: dict[int, dict[str, Any]] = field(default_factory=dict)  # token index -> entry
+    # A job with the same input admitted while this one's prompt is still being prefilled
+    # (the n choices of one request): it waits, then takes a copy of the leader's KV and
+    # samples its first token from the leader's last prompt row.
+    leader: Seq | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return len(self.tokens) > 1 or self.n_past == 0
+
+
+def find_leader(active: Iterable[Seq], tokens: list[int], group: int) -> Seq | None:
+    """An active job with the same input: one still prefilling it (nothing sampled yet:
+    wait for it), else one whose KV holds all of it."""
+    found = None
+    for seq in active:
+        if seq.leader is not None or seq.group != group:
+            continue
+        if seq.history == tokens:
+            return seq
+        if seq.history[:len(tokens)] == tokens and seq.n_past >= len(tokens):
+            found = seq
+    return found
+
+
+def fork(mem: Any, active: Iterable[Seq], rows: list[tuple[Seq, int]]) -> list[tuple[Seq, int]]:
+    """Followers of a leader whose whole input went in this step get a copy of its KV
+    (the whole sequence: across per-slot KV streams llama.cpp copies only whole
+    sequences) and sample from its row."""
+    done = {id(seq): row for seq, row in rows}
+    forked = []
+    for f in active:
+        if f.leader is not None and id(f.leader) in done:
+            ll.llama_memory_seq_cp(mem, f.leader.seq_id, f.seq_id, -1, -1)
+            f.n_past, f.tokens = f.leader.n_past, []
+            forked.append((f, done[id(f.leader)]))
+            f.leader = None
+    return forked
