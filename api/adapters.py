@@ -12,7 +12,6 @@ worker's error, so a bad adapter never serves a job.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
@@ -20,10 +19,11 @@ import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
 from api.deps import AppState
+from api.errors import Conflict, InvalidRequest, ModelNotFound, NotFound
 from shared import keys
 from shared.adapters import AdapterAck, AdapterRecord, AdapterRef
-from shared.errors import Conflict, InvalidRequest, ModelNotFound, NotFound
 from shared.models import select_backend
+from shared.schemas import live_workers
 
 
 async def get_record(r: aioredis.Redis, name: str) -> AdapterRecord | None:
@@ -163,13 +163,8 @@ async def wait_acks(state: AppState, rec: AdapterRecord, want: int,
 
 async def _live_workers(state: AppState, model: str) -> list[str]:
     raw: dict[str, str] = await state.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
-    cutoff = time.time() - state.settings.worker_ttl_s
-    out = []
-    for wid, info in sorted(raw.items()):
-        hb = json.loads(info)
-        if hb.get("model") == model and hb.get("ts", 0) >= cutoff:
-            out.append(wid)
-    return out
+    live = live_workers(raw, state.settings.worker_ttl_s)
+    return [wid for wid, hb in live.items() if hb.model == model]
 
 
 def _answer(rec: AdapterRecord, acks: dict[str, AdapterAck], pending: list[str],

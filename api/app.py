@@ -21,13 +21,14 @@ from api.auth import KeyAuth, load_keys
 from api.deps import AppState
 from api.limits import BodyLimit
 from api.openai.batch_driver import BatchDriver
+from api.ratelimit import RateLimits
 from api.routes import adapters, admin, batches, files, jobs, openai, ops, playground, tokenize
 from api.streams import StreamHub
 from api.tokens import PromptCounter
 from shared import tracing
 from shared.celery_app import create_celery
-from shared.jobs import CANCEL, CREATE
 from shared.settings import Settings, get_settings
+from shared.store import AsyncJobStore
 
 log = logging.getLogger("tokenq.api")
 
@@ -57,15 +58,14 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
         state = AppState(
             settings=settings, redis=r, hub=hub, celery=create_celery(settings),
             models=settings.models(), counter=PromptCounter(settings),
-            api_keys=api_key_map,
-            scripts={"create": r.register_script(CREATE), "cancel": r.register_script(CANCEL)},
+            jobs=AsyncJobStore(r, settings), limits=RateLimits(r), api_keys=api_key_map,
         )
         state.redis_raw = aioredis.Redis.from_url(settings.require_redis_url(),
                                                   decode_responses=False, max_connections=32)
         driver = BatchDriver(state)
         state.background["batch_wake"] = driver.wake
         driver_task = asyncio.create_task(driver.run(), name="tokenq-batch-driver")
-        # Vocabularies now, in the background: the first request would wait ~0.6 s for one.
+        # Vocabularies now, in the background, so the first request does not wait for one.
         preload = asyncio.create_task(state.counter.preload(state.models),
                                       name="tokenq-vocab-preload")
         app.state.tokenq = state

@@ -27,10 +27,8 @@ from pathlib import Path
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.errors import envelope
-from api.ratelimit import charge_requests
+from api.errors import RateLimited, envelope
 from shared import logs
-from shared.errors import RateLimited
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +120,8 @@ class KeyAuth:
         if state is not None and state.settings.rate_limit_rps > 0:
             s = state.settings
             try:
-                await charge_requests(state.redis, principal.tenant, s.rate_limit_rps,
-                                      s.rate_limit_burst)
+                await state.limits.charge_requests(principal.tenant, s.rate_limit_rps,
+                                                   s.rate_limit_burst)
             except RateLimited as exc:
                 resp = envelope(429, exc.message, exc.type, exc.code,
                                 headers={"Retry-After": str(exc.retry_after)})

@@ -10,11 +10,13 @@ from celery import Celery
 from fastapi import Depends, Request
 
 from api.auth import Principal
+from api.errors import Forbidden, Unauthorized
+from api.ratelimit import RateLimits
 from api.streams import StreamHub
 from api.tokens import PromptCounter
-from shared.errors import Forbidden, Unauthorized
 from shared.metrics import ClusterMetrics
 from shared.settings import ModelConfig, Settings
+from shared.store import AsyncJobStore
 
 
 @dataclass
@@ -25,11 +27,12 @@ class AppState:
     celery: Celery
     models: dict[str, ModelConfig]
     counter: PromptCounter
+    jobs: AsyncJobStore
+    limits: RateLimits
     api_keys: dict[str, Principal] = field(default_factory=dict)  # sha256(key) -> who
     open_streams: dict[str, int] = field(default_factory=dict)  # tenant -> SSE streams here
     cluster_metrics: ClusterMetrics = field(default_factory=ClusterMetrics)
     draining: bool = False  # SIGTERM received: refuse new jobs, let open streams finish
-    scripts: dict[str, Any] = field(default_factory=dict)
     # Same server, bytes in and out: file contents (a decoding client could split a
     # multi-byte character at a piece boundary).
     redis_raw: aioredis.Redis | None = None

@@ -1,4 +1,8 @@
-"""Every error leaves the API in OpenAI's envelope: {"error": {message, type, code, param}}."""
+"""Domain errors, one line each, and their one mapping to OpenAI's error envelope.
+
+Every error leaves the API as {"error": {message, type, code, param}} with its HTTP
+status; `install` registers the handlers.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,165 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared.errors import TokenqError
+
+class TokenqError(Exception):
+    """Base class: a message for the client, an OpenAI error type/code and an HTTP status."""
+
+    status = 500
+    type = "server_error"
+    code: str | None = "internal_error"
+    # False: the answer says `x-should-retry: false`, so the OpenAI SDK does not resend a
+    # request whose job already ran to a terminal failure (a poison request would otherwise
+    # run once per SDK retry). None: the SDK's own rule by status.
+    should_retry: bool | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+
+class InvalidRequest(TokenqError):
+    """The request cannot be served as written (400)."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """Prompt plus max_tokens does not fit the model's context (400)."""
+
+    code = "context_length_exceeded"
+
+
+class Unauthorized(TokenqError):
+    """Missing or unknown API key (401)."""
+
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(TokenqError):
+    """Unknown job, model or file, or another tenant's (404)."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    """The model is not served here (404)."""
+
+    code = "model_not_found"
+
+
+class Conflict(TokenqError):
+    """The object is not in a state that allows this (409)."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+
+
+class IdempotencyKeyReused(TokenqError):
+    """An Idempotency-Key sent again with a different body (422)."""
+
+    status = 422
+    type = "invalid_request_error"
+    code = "idempotency_key_reused"
+
+
+class IdempotencyInProgress(Conflict):
+    """The first request with this Idempotency-Key has not finished yet (409)."""
+
+    code = "idempotency_key_in_progress"
+
+
+class PayloadTooLarge(TokenqError):
+    """Body over the configured limit (413)."""
+
+    status = 413
+    type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class QueueFull(TokenqError):
+    """The model's queue is over its limit; retry later (429)."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "queue_full"
+
+    def __init__(self, message: str, *, retry_after: int = 1, code: str | None = None):
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+
+class RateLimited(QueueFull):
+    """The tenant is over its request or token rate (429)."""
+
+    code = "rate_limit_exceeded"
+
+
+class Forbidden(TokenqError):
+    """A valid key without the role this route needs (403)."""
+
+    status = 403
+    type = "permission_error"
+    code = "permission_denied"
+
+
+class RequestTimeout(TokenqError):
+    """The request body arrived too slowly (408)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class Draining(TokenqError):
+    """This API replica is shutting down; retry on another (503)."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "draining"
+    retry_after = 1
+
+
+class Unavailable(TokenqError):
+    """Redis is unreachable for the moment; retry (503)."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "unavailable"
+    retry_after = 1
+
+
+class NoWorker(TokenqError):
+    """No live worker serves this model (503)."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "no_worker"
+
+
+class JobFailed(TokenqError):
+    """The job ended in `failed` for a reason on the server side (500)."""
+
+    code = "job_failed"
+
+
+class JobExpired(TokenqError):
+    """The job passed its deadline before it could run (408)."""
+
+    status = 408
+    type = "timeout"
+    code = "expired"
+
 
 log = logging.getLogger(__name__)
 

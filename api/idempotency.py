@@ -11,7 +11,8 @@ the IETF draft's rules:
 - a batch whose first request is still being written: 409 `idempotency_key_in_progress`.
 
 Keys are per tenant: two tenants using the same key never see each other's objects.
-For jobs the key is written by the CREATE script in the same atomic step as the job.
+For jobs the key is written by the create script (shared/lua/create.lua) in the same
+atomic step as the job.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from api.errors import IdempotencyKeyReused, InvalidRequest
 from shared import keys
-from shared.errors import IdempotencyKeyReused, InvalidRequest
 
 MAX_KEY_LEN = 255
 
@@ -55,8 +56,12 @@ def split(stored: str) -> tuple[str, str]:
     return obj_id, body_sha
 
 
+def key_reused() -> IdempotencyKeyReused:
+    return IdempotencyKeyReused(
+        "this Idempotency-Key was used with a different request body; use a new key "
+        "for a new request", param="Idempotency-Key")
+
+
 def check_same_body(idem: Idem, stored_sha: str) -> None:
     if stored_sha != idem.body_sha:
-        raise IdempotencyKeyReused(
-            "this Idempotency-Key was used with a different request body; use a new key "
-            "for a new request", param="Idempotency-Key")
+        raise key_reused()

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from api.deps import AppState
+from api.errors import InvalidRequest
 from shared import keys
-from shared.errors import InvalidRequest
 from shared.schemas import TERMINAL_STATES, JobRecord
 
 STATES = frozenset({"queued", "running", *TERMINAL_STATES})

@@ -13,7 +13,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.errors import PayloadTooLarge, RequestTimeout
+from api.errors import PayloadTooLarge, RequestTimeout
 
 
 class BodyLimit:

@@ -1,7 +1,8 @@
 """Job logic behind the routes: validate, enqueue, read, cancel, stream.
 
-Where a job is enqueued: `submit` runs the CREATE script, which writes the
-record, the Celery message and the `queued` event in one atomic step.
+Where a job is enqueued: `submit` -> `enqueue` -> the job store's `create`
+(shared/lua/create.lua), which writes the record, the Celery message and the `queued`
+event in one atomic step.
 """
 
 from __future__ import annotations
@@ -19,11 +20,7 @@ from jsonschema.exceptions import SchemaError
 
 from api import adapters, idempotency
 from api.deps import AppState
-from api.idempotency import Idem
-from api.ratelimit import charge_tokens
-from shared import keys, logs, tracing
-from shared.celery_app import task_message
-from shared.errors import (
+from api.errors import (
     ContextLengthExceeded,
     Draining,
     InvalidRequest,
@@ -31,9 +28,19 @@ from shared.errors import (
     NotFound,
     QueueFull,
 )
+from api.idempotency import Idem
+from shared import jobs, keys, logs, tracing
+from shared.celery_app import task_message
 from shared.jobs import dumps
 from shared.models import select_backend
-from shared.schemas import JobAccepted, JobRecord, JobRequest, ResponseFormat, SamplingParams
+from shared.schemas import (
+    JobAccepted,
+    JobRecord,
+    JobRequest,
+    JobSpec,
+    ResponseFormat,
+    SamplingParams,
+)
 from shared.settings import ModelConfig
 
 MAX_STOP_LEN = 64
@@ -145,15 +152,13 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
             f"this model's context is {context} tokens; the prompt has {n_prompt} and "
             f"max_tokens is {params.max_tokens}; shorten the prompt or lower max_tokens",
             param="messages" if messages is not None else "prompt")
-    spec: dict[str, Any] = {"prompt": req.prompt, "messages": messages,
-                            "params": params.model_dump()}
-    if adapter is not None:
-        spec["adapter"] = adapter.model_dump()
+    spec = JobSpec(prompt=req.prompt, messages=messages, params=params,
+                   adapter=adapter)
     # `model` stays the base model: workers and the rescue paths route by it.
     fields = {
         "owner": tenant, "model": base, "backend": backend, "priority": req.priority,
         "state": "queued", "attempts": "0", "request": req.model_dump_json(exclude_none=True),
-        "spec": dumps(spec), "prompt_tokens": str(n_prompt),
+        "spec": spec.model_dump_json(), "prompt_tokens": str(n_prompt),
     }
     if req.metadata:
         fields["metadata"] = dumps(req.metadata)
@@ -177,44 +182,37 @@ async def _prepare_embedding(state: AppState, tenant: str, req: JobRequest, base
                 f"input[{i}] has {n} tokens; this model takes 1 to {context} per input",
                 param="input")
         n_prompt += n
-    spec = {"inputs": req.input, "params": params.model_dump()}
+    spec = JobSpec(inputs=req.input, params=params)
     fields = {"owner": tenant, "model": base, "backend": select_backend(cfg),
               "priority": req.priority, "state": "queued", "attempts": "0",
               "request": dumps({"model": req.model, "input_count": len(req.input)}),
-              "spec": dumps(spec), "prompt_tokens": str(n_prompt)}
+              "spec": spec.model_dump_json(), "prompt_tokens": str(n_prompt)}
     return Prepared(base, req.priority, n_prompt, fields, 0)
 
 
 async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = None,
                   deadline: float | None = None, extra: dict[str, str] | None = None,
                   queue_limit: int | None = None, tenant_limit: int = 0,
-                  idem: Idem | None = None) -> tuple[int, str, float]:
-    """Run CREATE: record + Celery message + `queued` event in one atomic step. Returns
-    (1 created | 2 already there | -1 queue full | -2 tenant's queued limit
-     | 3 the Idempotency-Key's job, same body | 4 its job, another body, id, created_at).
-    Batch lines are counted apart from the tenant's own queued jobs: a large batch must
-    not lock its tenant out of interactive requests."""
-    s = state.settings
+                  idem: Idem | None = None) -> tuple[jobs.CreateResult, str, float]:
+    """Record + Celery message + `queued` event in one atomic step: (what the store
+    answered, the job id, its created_at). With an Idempotency-Key the store may answer
+    with the key's earlier job (`Replayed`, `KeyReused`): the id returned is then that
+    job's."""
     job_id = job_id or new_job_id()
     now = time.time()
     fields = {**p.fields, "id": job_id, "created_at": repr(now), **(extra or {})}
     if deadline is not None:
         fields["deadline"] = repr(deadline)
     queue = keys.queue(p.model, p.priority)
-    queued_set = keys.tenant_queued(tenant, batch="batch" in fields)
-    script_keys = [keys.job(job_id), keys.job_events(job_id), queue, keys.tenant_jobs(tenant),
-                   queued_set, keys.QUEUED]
-    args: list[str | int | float] = [
-        dumps(fields), task_message(state.celery, job_id, queue),
-        s.queue_limit if queue_limit is None else queue_limit, s.stream_maxlen, repr(now),
-        tenant_limit]
-    if idem is not None:
-        script_keys.append(idem.redis_key)
-        args += [idem.body_sha, s.idempotency_ttl_s]
-    ok, other = await state.scripts["create"](keys=script_keys, args=args)
-    if int(ok) in (3, 4):
-        return int(ok), str(other), now
-    return int(ok), job_id, now
+    idem_key = None if idem is None else jobs.IdemKey(idem.redis_key, idem.body_sha,
+                                                      state.settings.idempotency_ttl_s)
+    created = await state.jobs.create(job_id, fields, tenant=tenant, queue=queue,
+                                      message=task_message(state.celery, job_id, queue),
+                                      queue_limit=queue_limit, tenant_limit=tenant_limit,
+                                      now=now, idem=idem_key)
+    if isinstance(created, jobs.Replayed | jobs.KeyReused):
+        return created, created.job_id, now
+    return created, job_id, now
 
 
 async def submit(state: AppState, tenant: str, req: JobRequest, *,
@@ -266,21 +264,23 @@ async def _submit(state: AppState, tenant: str, req: JobRequest, idem: Idem | No
     parent = tracing.traceparent()
     if parent is not None:
         p.fields["traceparent"] = parent
-    await charge_tokens(state.redis, tenant, state.settings.tokens_per_min,
-                        p.n_prompt + p.max_tokens)
+    await state.limits.charge_tokens(tenant, state.settings.tokens_per_min,
+                                     p.n_prompt + p.max_tokens)
     deadline = deadline if deadline is not None else req.deadline
-    ok, job_id, now = await enqueue(state, tenant, p, deadline=deadline, extra=extra,
-                                    tenant_limit=state.settings.tenant_max_queued, idem=idem)
-    if ok in (3, 4) and idem is not None:
-        idempotency.check_same_body(idem, idem.body_sha if ok == 3 else "")
+    created, job_id, now = await enqueue(state, tenant, p, deadline=deadline, extra=extra,
+                                         tenant_limit=state.settings.tenant_max_queued,
+                                         idem=idem)
+    if isinstance(created, jobs.KeyReused):
+        raise idempotency.key_reused()
+    if isinstance(created, jobs.Replayed):
         again = await replayed(state, job_id, req)
         if again is not None:
             return again, True
-    if ok == -2:
+    if isinstance(created, jobs.TenantFull):
         raise QueueFull(f"you have {state.settings.tenant_max_queued} jobs queued, the limit "
                         "per tenant; retry when some have started", retry_after=5,
                         code="tenant_queue_full")
-    if ok != 1:
+    if not isinstance(created, jobs.Created):
         depth = await state.redis.llen(keys.queue(p.model, p.priority))
         raise QueueFull(f"the queue for {req.model!r} is full ({depth} jobs); retry later",
                         retry_after=max(1, min(60, int(depth) // 100)))
@@ -306,11 +306,7 @@ async def check_owner(state: AppState, tenant: str, job_id: str) -> None:
 async def cancel(state: AppState, tenant: str, job_id: str, wait_s: float = 2.0) -> JobRecord:
     """Cancel; idempotent. Waits briefly for a running job's engine to let go."""
     await check_owner(state, tenant, job_id)
-    s = state.settings
-    result = await state.scripts["cancel"](
-        keys=[keys.job(job_id), keys.job_events(job_id)],
-        args=[repr(time.time()), s.stream_maxlen, s.result_ttl_s])
-    if result == "running":
+    if await state.jobs.cancel(job_id) is jobs.Cancelled.REQUESTED:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if await state.redis.hget(keys.job(job_id), "state") != "running":

@@ -1,8 +1,9 @@
 """Prompt token counting in the API, so a prompt longer than the context is a 400 at POST.
 
-Loads only the GGUF's vocabulary (no weights), off the event loop: the API preloads the
-served models' vocabularies in the background at start-up (loading Gemma's 262k-token
-vocabulary takes ~0.6 s, which the first request would otherwise wait for). If
+Loads only the GGUF's vocabulary (no weights, shared/vocab.py), off the event loop: the
+API preloads the served models' vocabularies in the background at start-up (a large
+vocabulary takes a noticeable part of a second, which the first request would otherwise
+wait for). If
 llama.cpp or the file is not available on the API host, it falls back to a
 lower-bound estimate and the worker enforces the exact limit.
 """
@@ -21,9 +22,8 @@ from shared.settings import ModelConfig, Settings
 
 log = logging.getLogger(__name__)
 
-# Texts up to this long are tokenized on the event loop (~0.3 ms for 1 KB with Gemma's
-# vocabulary): the hop to a thread and back cost ~1 ms of a POST's latency. Longer ones
-# go to a thread (2,000 tokens take ~5 ms).
+# Texts up to this long are tokenized on the event loop: that is cheaper than the hop to
+# a thread and back. Longer ones go to a thread, so the loop never blocks for long.
 INLINE_CHARS = 1024
 
 
@@ -62,7 +62,7 @@ class PromptCounter:
         try:
             if cfg.source == "hf":  # a vLLM-only folder: its own Hugging Face tokenizer
                 return HfVocab(Path(cfg.path or ""), cfg)
-            from workers.engines.llamacpp import Vocab
+            from shared.vocab import Vocab
 
             return Vocab(gguf_path(cfg, self._settings.state_dir), cfg, vocab_only=True)
         except Exception as exc:  # no llama.cpp or no file here: estimate instead
@@ -87,7 +87,7 @@ class PromptCounter:
                     messages: list[dict[str, Any]] | None) -> int:
         """Prompt tokens after the chat template; raises ValueError if it cannot be rendered."""
         if cfg.backend == "fake":
-            from workers.engines.fake import count_tokens, prompt_text
+            from shared.chat import count_tokens, prompt_text
 
             return count_tokens(prompt_text(prompt, messages))
         vocab = await self._vocab(name, cfg)

@@ -12,7 +12,6 @@ new one if the queue still needs it. Live workers this process did not start
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import signal
 import socket
@@ -27,6 +26,7 @@ import redis
 from cli.scaling import Decider, Decision, Inputs, Policy
 from shared import keys
 from shared.models import select_backend
+from shared.schemas import WorkerHeartbeat, live_workers
 from shared.settings import Settings
 
 log = logging.getLogger("tokenq.autoscale")
@@ -89,21 +89,20 @@ class Autoscaler:
             pipe.llen(q)
         depth = sum(int(n) for n in pipe.execute())
         raw: dict[str, str] = self.r.hgetall(keys.WORKERS)  # type: ignore[assignment]
-        cutoff = time.time() - self.settings.worker_ttl_s
-        beats = {wid: b for wid, b in ((w, json.loads(v)) for w, v in raw.items())
-                 if b.get("model") == model and b.get("ts", 0) >= cutoff}
+        beats = {wid: b for wid, b in live_workers(raw, self.settings.worker_ttl_s).items()
+                 if b.model == model}
         ours = self._worker_ids(model)
         return Inputs(
             depth=depth,
-            running=sum(int(b["running"]) for b in beats.values()),
-            free_slots=sum(int(b["slots"]) - int(b["running"]) for b in beats.values()),
-            slots_per_worker=max((int(b["slots"]) for b in beats.values()),
+            running=sum(b.running for b in beats.values()),
+            free_slots=sum(b.slots - b.running for b in beats.values()),
+            slots_per_worker=max((b.slots for b in beats.values()),
                                  default=self._config_slots[model]),
             current=len(self.procs[model]),
             external=sum(1 for wid in beats if wid not in ours))
 
     def _worker_ids(self, model: str) -> set[str]:
-        """Heartbeat ids (host:pid, as workers/tasks.py names itself) of our workers."""
+        """Heartbeat ids (host:pid, as workers/runtime.py names a worker) of our workers."""
         procs = self.procs[model] + [d.proc for d in self.draining if d.model == model]
         return {f"{self._host}:{p.pid}" for p in procs}
 
@@ -112,7 +111,7 @@ class Autoscaler:
             info = self.r.hget(keys.WORKERS, f"{self._host}:{proc.pid}")
         except redis.RedisError:  # still drain (closing with Redis down), in any order
             return 0
-        return int(json.loads(info)["running"]) if info else 0
+        return WorkerHeartbeat.model_validate_json(info).running if info else 0
 
     # -- one tick ----------------------------------------------------------------------
     def tick(self) -> dict[str, Decision]:

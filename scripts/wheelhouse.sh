@@ -5,7 +5,7 @@
 #
 # llama-cpp-python is built portable: GGML_BACKEND_DL + GGML_CPU_ALL_VARIANTS compile the
 # CPU backend once per x86-64 level (SSE4.2 ... AVX-512, AMX) and the worker loads the best
-# one this CPU supports at start (workers/engines/llamacpp_dispatch.py). A build with the
+# one this CPU supports at start (shared/llamacpp_dispatch.py). A build with the
 # build host's flags (scripts/setup.sh's, for development) dies with SIGILL on an older CPU.
 # The wheel is cached in ~/.cache/tokenq/wheels/portable-<version>/ (built once).
 #   scripts/wheelhouse.sh [EXTRAS]      # EXTRAS: the image's extra, default "cpu"

@@ -1,4 +1,5 @@
-"""Chat templates: messages -> prompt text, with the model's own Jinja template."""
+"""Chat templates: messages -> prompt text, with the model's own Jinja template; and the
+fake backend's plain rendering and tokenizer, which its engine and the API share."""
 
 from __future__ import annotations
 
@@ -29,3 +30,14 @@ def render_chat(template: str | None, messages: list[dict[str, Any]], bos: str, 
     return _compile(template).render(
         messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos
     )
+
+
+def prompt_text(prompt: str | None, messages: list[dict[str, Any]] | None) -> str:
+    if prompt is not None:
+        return prompt
+    return "\n".join(str(m.get("content", "")) for m in messages or [])
+
+
+def count_tokens(text: str) -> int:
+    """The fake tokenizer: one token per whitespace-separated word (API and engine agree)."""
+    return max(1, len(text.split()))

@@ -1,8 +1,6 @@
-"""The job state machine, lease and fencing, as Redis scripts both sides run.
+"""The job state machine, lease and fencing: each transition one Lua script, atomic in Redis.
 
-Every transition is one Lua script, so it is atomic in Redis:
-
-    create   (api)     record + Celery message + `queued` event, or refuse if the queue is full
+    create   (api)     record + Celery message + `queued` event, or refuse if a queue is full
     acquire  (worker)  queued|running-without-lease -> running, attempts += 1, lease set,
                        `started` event; or drop (terminal, live lease), expire or exhaust
     append   (worker)  token events, only while `attempts` still equals the writer's attempt
@@ -10,287 +8,32 @@ Every transition is one Lua script, so it is atomic in Redis:
     cancel   (api)     queued -> cancelled at once; running -> cancel_requested=1
     renew    (worker)  extend the lease only while it is still ours (retake it if it
                        expired and no newer attempt took the job)
-    requeue  (worker)  a running job whose lease expired goes back on its queue (takeover)
+    requeue  (worker)  a job no message will deliver goes back on its queue (takeover,
+                       lost message)
     handback (worker)  a draining worker puts its running job back (same takeover path)
 
-The attempt check on every worker write is the fence: a worker that lost its
-lease (paused, partitioned) and comes back cannot write into a stream that a
-newer attempt now owns.
+The attempt check on every worker write is the fence: a worker that lost its lease
+(paused, partitioned) and comes back cannot write into a stream that a newer attempt
+now owns.
+
+This module is the protocol: what each script takes (a `Call`: script, KEYS, ARGV, and
+how to read its answer) and the typed results it answers with. The stores run the calls
+(shared/store.py sync and asyncio, api/store.py); nothing else builds KEYS or ARGV.
 """
 
 from __future__ import annotations
 
+import enum
 import json
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from shared import keys
+from shared.schemas import JobSpec
 
-# Run on every terminal transition (finish, cancel of a queued job, expiry, exhaustion):
-# count a batch line as done, settle its batch when it was the last one, and put
-# completion webhooks in the outbox that workers deliver (shared/webhooks.py).
-# Returns the TTL the job's keys get: batch lines live as long as their batch's files.
-_ON_TERMINAL = """
-local function webhook(kind, obj_id, url, now)
-  local eid = 'evt_' .. redis.call('INCR', '@SEQ@')
-  redis.call('HSET', '@HOOK@' .. eid, 'url', url, 'type', kind, 'object_id', obj_id,
-             'created_at', now, 'attempts', 0)
-  redis.call('ZADD', '@HOOKS@', now, eid)
-end
-local function batch_settle(bk, now)
-  local b = redis.call('HMGET', bk, 'status', 'enqueued', 'enqueue_done', 'completed', 'failed',
-                       'expired', 'webhook_url', 'id')
-  if b[3] ~= '1' or (b[1] ~= 'in_progress' and b[1] ~= 'cancelling') then return b[1] end
-  if (tonumber(b[4]) or 0) + (tonumber(b[5]) or 0) < (tonumber(b[2]) or 0) then return b[1] end
-  local final = 'completed'
-  if b[1] == 'cancelling' then final = 'cancelled'
-  elseif (tonumber(b[6]) or 0) > 0 then final = 'expired' end
-  redis.call('HSET', bk, 'status', final, final .. '_at', now, 'finalizing_at', now)
-  redis.call('SREM', '@PENDING@', b[8])
-  if b[7] then webhook('batch.' .. final, b[8], b[7], now) end
-  return final
-end
-local function on_terminal(jobkey, state, now, ttl)
-  local h = redis.call('HMGET', jobkey, 'batch', 'id', 'webhook_url', 'ttl')
-  if h[3] then webhook('job.' .. state, h[2], h[3], now) end
-  if not h[1] then return ttl end
-  local bk = '@BATCH@' .. h[1]
-  if state == 'succeeded' then
-    redis.call('RPUSH', bk .. ':out', h[2])
-    redis.call('HINCRBY', bk, 'completed', 1)
-  else
-    redis.call('RPUSH', bk .. ':err', h[2])
-    redis.call('HINCRBY', bk, 'failed', 1)
-    if state == 'expired' then redis.call('HINCRBY', bk, 'expired', 1) end
-  end
-  batch_settle(bk, now)
-  return h[4] or ttl
-end
-""".replace("@SEQ@", keys.WEBHOOK_SEQ).replace("@HOOK@", keys.WEBHOOK_PREFIX) \
-   .replace("@HOOKS@", keys.WEBHOOKS).replace("@PENDING@", keys.BATCHES_PENDING) \
-   .replace("@BATCH@", keys.BATCH_PREFIX)
-
-_TERMINAL = ("state == 'succeeded' or state == 'failed' or state == 'cancelled'"
-             " or state == 'expired'")
-
-# KEYS: job, events, queue, tenant's job index, tenant's queued set, queued index,
-#       [Idempotency-Key record]
-# ARGV: fields, Celery message, queue limit, stream maxlen, now, tenant queued limit,
-#       [body sha256, idempotency TTL s]
-# With an Idempotency-Key: a key whose job still exists answers {3, its id} (same body)
-# or {4, its id} (another body) and creates nothing; otherwise the key is set to
-# "{id}|{sha}" in the same step as the job, so a retry can never make a second job.
-CREATE = """
-if KEYS[7] then
-  local prev = redis.call('GET', KEYS[7])
-  if prev then
-    local bar = string.find(prev, '|', 1, true)
-    local jid = string.sub(prev, 1, bar - 1)
-    if redis.call('EXISTS', '@JOB@' .. jid) == 1 then
-      if string.sub(prev, bar + 1) == ARGV[7] then return {3, jid} end
-      return {4, jid}
-    end
-  end
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then return {2, 0} end  -- idempotent (batch lines)
-local depth = redis.call('LLEN', KEYS[3])
-if tonumber(ARGV[3]) > 0 and depth >= tonumber(ARGV[3]) then return {-1, depth} end
-local mine = redis.call('ZCARD', KEYS[5])
-if tonumber(ARGV[6]) > 0 and mine >= tonumber(ARGV[6]) then return {-2, mine} end
-local fields = cjson.decode(ARGV[1])
-for k, v in pairs(fields) do redis.call('HSET', KEYS[1], k, v) end
--- the record names its tenant's queued set, so scripts that only know the job can leave it
-redis.call('HSET', KEYS[1], 'tenant_queued', KEYS[5], 'msg', ARGV[2])
-redis.call('LPUSH', KEYS[3], ARGV[2])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'e', 'queued',
-           'd', cjson.encode({position = depth}))
-redis.call('ZADD', KEYS[4], ARGV[5], fields['id'])
-redis.call('ZADD', KEYS[5], ARGV[5], fields['id'])
-redis.call('ZADD', KEYS[6], ARGV[5], KEYS[1])
-if fields['batch'] then redis.call('HINCRBY', '@BATCH@' .. fields['batch'], 'enqueued', 1) end
-if KEYS[7] then
-  redis.call('SET', KEYS[7], fields['id'] .. '|' .. ARGV[7], 'EX', ARGV[8])
-end
-return {1, depth}
-""".replace("@BATCH@", keys.BATCH_PREFIX).replace("@JOB@", keys.JOB_PREFIX)
-
-# Lua: the job no longer counts as queued, for its tenant or the rescue (idempotent).
-_LEAVE_QUEUE = f"""
-local function leave_queue()
-  local tq = redis.call('HGET', KEYS[1], 'tenant_queued')
-  if tq then redis.call('ZREM', tq, redis.call('HGET', KEYS[1], 'id')) end
-  redis.call('ZREM', '{keys.QUEUED}', KEYS[1])
-end
-"""
-
-ACQUIRE = _ON_TERMINAL + _LEAVE_QUEUE + f"""
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return {{'missing'}} end
--- A redelivered copy (visibility timeout, broker reconnect) drops itself; counted so
--- operators and the fault suite can see duplicates were delivered and not run.
-if {_TERMINAL} then
-  leave_queue()
-  redis.call('HINCRBY', KEYS[1], 'duplicates', 1)
-  return {{'terminal'}}
-end
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('HINCRBY', KEYS[1], 'duplicates', 1)
-  return {{'busy'}}
-end
-leave_queue()
-local now = ARGV[4]
-local function terminate(st, code, msg)
-  redis.call('HSET', KEYS[1], 'state', st, 'finished_at', now,
-             'error', cjson.encode({{code = code, message = msg}}))
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'e', 'error',
-             'd', cjson.encode({{code = code, message = msg}}))
-  local ttl = on_terminal(KEYS[1], st, now, ARGV[6])
-  redis.call('EXPIRE', KEYS[1], ttl)
-  redis.call('EXPIRE', KEYS[2], ttl)
-  redis.call('ZREM', KEYS[4], KEYS[1])
-end
-local deadline = redis.call('HGET', KEYS[1], 'deadline')
-if deadline and deadline ~= '' and tonumber(now) > tonumber(deadline) then
-  terminate('expired', 'expired', 'the job passed its deadline before it could run')
-  return {{'expired'}}
-end
-local attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
-if attempts >= tonumber(ARGV[3]) then
-  terminate('failed', 'max_attempts',
-            'the job was attempted ' .. attempts .. ' times and its worker died each time')
-  return {{'exhausted'}}
-end
-attempts = attempts + 1
-redis.call('HSET', KEYS[1], 'state', 'running', 'attempts', attempts, 'worker', ARGV[1])
-redis.call('HDEL', KEYS[1], 'msg')  -- delivered: a rescue needs a lost lease from now on
-if not redis.call('HGET', KEYS[1], 'started_at') then
-  redis.call('HSET', KEYS[1], 'started_at', now)
-end
-redis.call('SET', KEYS[3], ARGV[1] .. '|' .. attempts, 'PX', ARGV[2])
-redis.call('ZADD', KEYS[4], now, KEYS[1])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'e', 'started',
-           'd', cjson.encode({{attempt = attempts, worker = ARGV[1]}}))
-return {{'ok', attempts, redis.call('HGET', KEYS[1], 'spec'),
-        redis.call('HGET', KEYS[1], 'cancel_requested') or '0'}}
-"""
-
-# ARGV: attempt, maxlen, then (data, token id, index) per token. A token is written only
-# if its index is the next one (`n_tokens`), so a step replayed after a failed or cut
-# pipeline (Redis restarted mid-write) adds nothing twice and never leaves a gap.
-APPEND = """
-if redis.call('HGET', KEYS[1], 'attempts') ~= ARGV[1] then return 0 end
-if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
-local n = tonumber(redis.call('HGET', KEYS[1], 'n_tokens') or '0')
-for i = 3, #ARGV, 3 do
-  if tonumber(ARGV[i + 2]) == n then
-    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*',
-               'e', 'token', 'd', ARGV[i], 't', ARGV[i + 1])
-    n = n + 1
-  end
-end
-redis.call('HSET', KEYS[1], 'n_tokens', n)
-if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then return 2 end
-return 1
-"""
-
-FINISH = _ON_TERMINAL + """
-if redis.call('HGET', KEYS[1], 'attempts') ~= ARGV[1] then return 0 end
-if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
-local fields = cjson.decode(ARGV[3])
-redis.call('HSET', KEYS[1], 'state', ARGV[2])
-for k, v in pairs(fields) do redis.call('HSET', KEYS[1], k, v) end
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[4], 'd', ARGV[5])
-redis.call('DEL', KEYS[3])
-redis.call('ZREM', KEYS[4], KEYS[1])
-local ttl = on_terminal(KEYS[1], ARGV[2], fields['finished_at'] or '0', ARGV[7])
-redis.call('EXPIRE', KEYS[1], ttl)
-redis.call('EXPIRE', KEYS[2], ttl)
-return 1
-"""
-
-CANCEL = _ON_TERMINAL + _LEAVE_QUEUE + """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return false end
-if state == 'queued' then
-  leave_queue()
-  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished_at', ARGV[1], 'cancel_requested', '1')
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'e', 'cancelled', 'd', '{}')
-  local ttl = on_terminal(KEYS[1], 'cancelled', ARGV[1], ARGV[3])
-  redis.call('EXPIRE', KEYS[1], ttl)
-  redis.call('EXPIRE', KEYS[2], ttl)
-  return 'cancelled'
-end
-if state == 'running' then redis.call('HSET', KEYS[1], 'cancel_requested', '1') end
-return state
-"""
-
-# KEYS: job, lease, running index, queue, kombu's unacked hash, queued index;
-# ARGV: a fresh Celery message. Re-enqueue a job that no message will ever deliver:
-# - running without a lease (its worker died): the next worker's ACQUIRE takes it over;
-# - queued, or requeued, while its last message is neither in the queue nor in kombu's
-#   unacked hash. kombu pops a message (BRPOP) before it records it as unacked, so a
-#   worker killed in between loses it; without this the job would wait forever.
-# A copy pushed while the old message was in flight only meets ACQUIRE's busy/terminal
-# check, so a rescue is at worst a duplicate that drops itself, never a second run.
-REQUEUE = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'running' and state ~= 'queued' then
-  redis.call('ZREM', KEYS[3], KEYS[1])
-  redis.call('ZREM', KEYS[6], KEYS[1])
-  return 0
-end
-if state == 'running' and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local old = redis.call('HGET', KEYS[1], 'msg')
-if old then
-  local tag = cjson.decode(old)['properties']['delivery_tag']
-  if redis.call('HEXISTS', KEYS[5], tag) == 1 then return 0 end  -- delivered, not acked
-  if redis.call('LPOS', KEYS[4], old, 'RANK', -1) then return 0 end  -- still queued
-end
-redis.call('HSET', KEYS[1], 'msg', ARGV[1])
-redis.call('RPUSH', KEYS[4], ARGV[1])  -- the consuming end: a takeover does not wait its turn
-return 1
-"""
-
-# KEYS: job, lease, running index, queue; ARGV: our lease value, Celery message.
-# A draining worker gives a running job back: only while the lease is still ours. The job
-# stays in the running index, so a lost hand-back message is rescued like a takeover.
-HANDBACK = """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[2])
-if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
-redis.call('HSET', KEYS[1], 'msg', ARGV[2])
-redis.call('RPUSH', KEYS[4], ARGV[2])  -- the consuming end (kombu BRPOPs the tail)
-return 1
-"""
-
-RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
-
-# KEYS: lease, job; ARGV: our lease value, ttl ms, our attempt. A job lease is renewed
-# while it is ours, and taken back if it expired while this worker was stalled (a GC
-# pause, a frozen VM: seen here for 8 s under load) as long as no newer attempt took the
-# job and it has not ended. Once a takeover's ACQUIRE bumped `attempts`, it is lost for
-# good and the worker aborts its attempt; a requeued message that meets the taken-back
-# lease drops itself (ACQUIRE: busy). A handed-back job is never renewed (the worker
-# stops renewing it before HANDBACK deletes the lease).
-RENEW_JOB = """
-local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if cur then return 0 end
-if redis.call('HGET', KEYS[2], 'state') == 'running'
-   and redis.call('HGET', KEYS[2], 'attempts') == ARGV[3] then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-"""
+T = TypeVar("T")
+Arg = str | int | float
 
 
 def dumps(obj: Any) -> str:
@@ -302,8 +45,209 @@ def lease_value(worker: str, attempt: int) -> str:
     return f"{worker}|{attempt}"
 
 
-# KEYS: batch; ARGV: now. The driver settles a batch whose lines all ended before it
-# finished enqueuing (or that had none left to enqueue after a cancel).
-SETTLE = _ON_TERMINAL + """
-return batch_settle(KEYS[1], ARGV[1])
-"""
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One script run: its name in shared/lua/, KEYS, ARGV, and its answer decoded."""
+
+    script: str
+    keys: list[str]
+    args: list[Arg]
+    decode: Callable[[Any], T]
+
+
+# -- results ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Created:
+    depth: int  # jobs ahead of it in its queue
+
+
+@dataclass(frozen=True, slots=True)
+class Exists:
+    """The id was already there (batch lines are created idempotently)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFull:
+    depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class TenantFull:
+    queued: int  # the tenant's jobs still queued
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """The Idempotency-Key's job, made by an earlier request with the same body."""
+
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class KeyReused:
+    """The Idempotency-Key's job was made by a request with another body."""
+
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class IdemKey:
+    """An Idempotency-Key as the create script takes it: where its record lives, the
+    request body's sha256 and how long the record is kept."""
+
+    redis_key: str
+    body_sha: str
+    ttl_s: int
+
+
+CreateResult = Created | Exists | QueueFull | TenantFull | Replayed | KeyReused
+
+
+class SkipReason(enum.StrEnum):
+    """Why a delivered message did not run its job."""
+
+    MISSING = "missing"  # no such job (expired record)
+    TERMINAL = "terminal"  # a redelivered copy of an ended job
+    BUSY = "busy"  # a copy delivered while another attempt holds the lease
+    EXPIRED = "expired"  # past its deadline: ended `expired` here
+    EXHAUSTED = "exhausted"  # max_attempts reached: ended `failed` here
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    attempt: int
+    spec: JobSpec
+    cancel_requested: bool  # cancelled while its message was on the way
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    reason: SkipReason
+
+
+AcquireResult = Acquired | Skipped
+
+
+class Appended(enum.IntEnum):
+    FENCED = 0  # a newer attempt owns the job, or it ended
+    WRITTEN = 1
+    CANCEL_REQUESTED = 2  # written, and the job's cancel was requested: stop it now
+
+
+class Cancelled(enum.StrEnum):
+    MISSING = "missing"
+    CANCELLED = "cancelled"  # was queued (ended here), or was cancelled already
+    REQUESTED = "requested"  # running: its worker stops it
+    ENDED = "ended"  # already succeeded, failed or expired
+
+
+@dataclass(frozen=True, slots=True)
+class TokenWrite:
+    data: str  # the event's JSON ({"text", "index"})
+    token_id: int
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """A terminal write: the state, the record's fields, and the terminal event."""
+
+    job_id: str
+    attempt: int
+    state: str
+    fields: dict[str, str]
+    event: str
+    data: str
+
+
+# -- decoders --------------------------------------------------------------------------
+def _created(got: list[Any]) -> CreateResult:
+    code = int(got[0])
+    if code in (3, 4):
+        job_id = got[1].decode() if isinstance(got[1], bytes) else str(got[1])
+        return Replayed(job_id) if code == 3 else KeyReused(job_id)
+    n = int(got[1])
+    if code == 1:
+        return Created(n)
+    if code == 2:
+        return Exists()
+    return QueueFull(n) if code == -1 else TenantFull(n)
+
+
+def _acquired(got: list[Any]) -> AcquireResult:
+    if got[0] != "ok":
+        return Skipped(SkipReason(got[0]))
+    return Acquired(int(got[1]), JobSpec.model_validate_json(got[2]), got[3] == "1")
+
+
+def _cancelled(got: str | None) -> Cancelled:
+    if not got:
+        return Cancelled.MISSING
+    if got == "cancelled":
+        return Cancelled.CANCELLED
+    return Cancelled.REQUESTED if got == "running" else Cancelled.ENDED
+
+
+def _flag(got: Any) -> bool:
+    return bool(got)
+
+
+# -- calls -----------------------------------------------------------------------------
+def create(job_id: str, fields: dict[str, str], *, tenant: str, queue: str, message: str,
+           queue_limit: int, tenant_limit: int, maxlen: int, now: float,
+           idem: IdemKey | None = None) -> Call[CreateResult]:
+    """Batch lines are counted apart from the tenant's own queued jobs: a large batch must
+    not lock its tenant out of interactive requests. With an Idempotency-Key the answer may
+    be the key's earlier job (`Replayed`, `KeyReused`) instead of a new one."""
+    queued_set = keys.tenant_queued(tenant, batch="batch" in fields)
+    script_keys = [keys.job(job_id), keys.job_events(job_id), queue, keys.tenant_jobs(tenant),
+                   queued_set, keys.QUEUED]
+    args: list[Arg] = [dumps(fields), message, queue_limit, maxlen, repr(now), tenant_limit]
+    if idem is not None:
+        script_keys.append(idem.redis_key)
+        args += [idem.body_sha, idem.ttl_s]
+    return Call("create", script_keys, args, _created)
+
+
+def acquire(job_id: str, *, worker: str, lease_ms: int, max_attempts: int, now: float,
+            maxlen: int, ttl: int) -> Call[AcquireResult]:
+    return Call("acquire", [keys.job(job_id), keys.job_events(job_id), keys.job_lease(job_id),
+                            keys.RUNNING],
+                [worker, lease_ms, max_attempts, repr(now), maxlen, ttl], _acquired)
+
+
+def append(job_id: str, attempt: int, tokens: Sequence[TokenWrite], *,
+           maxlen: int) -> Call[Appended]:
+    args: list[Arg] = [attempt, maxlen]
+    for t in tokens:
+        args += [t.data, t.token_id, t.index]
+    return Call("append", [keys.job(job_id), keys.job_events(job_id)], args,
+                lambda got: Appended(int(got)))
+
+
+def finish(end: Ending, *, maxlen: int, ttl: int) -> Call[bool]:
+    return Call("finish", [keys.job(end.job_id), keys.job_events(end.job_id),
+                           keys.job_lease(end.job_id), keys.RUNNING],
+                [end.attempt, end.state, dumps(end.fields), end.event, end.data, maxlen, ttl],
+                _flag)
+
+
+def cancel(job_id: str, *, now: float, maxlen: int, ttl: int) -> Call[Cancelled]:
+    return Call("cancel", [keys.job(job_id), keys.job_events(job_id), keys.RUNNING],
+                [repr(now), maxlen, ttl], _cancelled)
+
+
+def renew(job_id: str, *, worker: str, attempt: int, lease_ms: int) -> Call[bool]:
+    return Call("renew_job", [keys.job_lease(job_id), keys.job(job_id)],
+                [lease_value(worker, attempt), lease_ms, attempt], _flag)
+
+
+def requeue(job_id: str, *, queue: str, message: str) -> Call[bool]:
+    return Call("requeue", [keys.job(job_id), keys.job_lease(job_id), keys.RUNNING, queue,
+                            keys.KOMBU_UNACKED, keys.QUEUED], [message], _flag)
+
+
+def hand_back(job_id: str, *, worker: str, attempt: int, queue: str,
+              message: str) -> Call[bool]:
+    return Call("handback", [keys.job(job_id), keys.job_lease(job_id), queue],
+                [lease_value(worker, attempt), message], _flag)

@@ -39,8 +39,9 @@ OpenAI files and batches, completion webhooks:
     tokenq:webhooks              zset    event id -> time of its next delivery attempt
     tokenq:webhook:{eid}         hash    url, type, object id, attempts
 
-The job scripts (shared/jobs.py) build batch and webhook keys from the prefixes
-below inside Lua, because which batch a job belongs to is only known there.
+The job scripts (shared/lua/) build batch and webhook keys from the prefixes
+below inside Lua, because which batch a job belongs to is only known there
+(shared/scripts.py fills them in).
 """
 
 from __future__ import annotations
@@ -59,11 +60,6 @@ def job_events(job_id: str) -> str:
 
 def job_lease(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:lease"
-
-
-def job_script_keys(job_id: str) -> list[str]:
-    """KEYS for the ACQUIRE and FINISH scripts (APPEND takes the first three)."""
-    return [job(job_id), job_events(job_id), job_lease(job_id), RUNNING]
 
 
 def job_id_of(job_key: str) -> str:

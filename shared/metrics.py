@@ -1,4 +1,4 @@
-"""Every Prometheus metric tokenq exports, defined once (names from DESIGN.md).
+"""Every Prometheus metric tokenq exports, defined once.
 
 Two scrape targets, so nothing needs prometheus-client's multiprocess mode:
 - the API's /metrics: the cluster view, read from Redis at scrape time (queues, workers);

@@ -1,11 +1,16 @@
-"""Wire models: the job request, the job record, and the SSE event payloads."""
+"""Wire models: the job request, the job record, the SSE event names, and the records
+that cross between processes through Redis (the job spec, the worker heartbeat)."""
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from shared.adapters import AdapterRef
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
@@ -14,7 +19,7 @@ FinishReason = Literal["stop", "length"]
 MAX_TOP_LOGPROBS = 20  # OpenAI's top_logprobs bound and vLLM's default max_logprobs
 MAX_EMBED_INPUTS = 2048  # OpenAI's bound on inputs per embeddings request
 
-# SSE event names (DESIGN.md, must).
+# SSE event names: what clients see in `event:` lines, in this order per attempt.
 EVENT_QUEUED = "queued"
 EVENT_STARTED = "started"
 EVENT_TOKEN = "token"
@@ -217,3 +222,44 @@ class JobRecord(BaseModel):
             adapter_version=int(h["adapter_version"]) if h.get("adapter_version") else None,
             request=json.loads(h["request"]),
         )
+
+
+class JobSpec(BaseModel):
+    """What a worker needs to run a job: written by the API into the record's `spec`
+    when the job is created, read by the worker that acquires it."""
+
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    inputs: list[str] | None = None  # an embedding job's texts (one vector each)
+    params: SamplingParams
+    # The adapter version pinned at submit (a later unload or rollback does not change
+    # what this job runs on); None: the base model.
+    adapter: AdapterRef | None = None
+
+
+class WorkerHeartbeat(BaseModel):
+    """A worker's entry in `tokenq:workers`, rewritten every heartbeat_s."""
+
+    model: str
+    backend: str
+    slots: int
+    running: int
+    waiting: int
+    kv_cache_usage: float = 0.0
+    prefix_hit_ratio: float = 0.0
+    max_model_len: int | None = None  # what one request may use, as its engine reports
+    metrics_port: int | None = None  # its engine metrics (Prometheus), None: not served
+    metrics_host: str = ""
+    ts: float  # Unix time of the beat
+    pid: int = 0
+    adapters: dict[str, int] = Field(default_factory=dict)  # adapter name -> version id
+
+
+def live_workers(raw: Mapping[str, str], ttl_s: float,
+                 now: float | None = None) -> dict[str, WorkerHeartbeat]:
+    """The heartbeats (HGETALL tokenq:workers) of workers that beat within `ttl_s`, by
+    worker id. A worker that stopped beating that long ago is gone (killed, or its
+    engine died); one that was only paused comes back with its next beat."""
+    cutoff = (time.time() if now is None else now) - ttl_s
+    beats = {wid: WorkerHeartbeat.model_validate_json(v) for wid, v in raw.items()}
+    return {wid: hb for wid, hb in sorted(beats.items()) if hb.ts >= cutoff}

@@ -53,11 +53,10 @@ class ModelConfig(BaseModel):
     n_threads: int | None = None
     n_gpu_layers: int = 0
     flash_attn: bool = False
-    mlock: bool = False
     # One KV pool shared by all slots (llama-server's default with -np). Off by default:
     # with it on, a job's greedy text can differ batched vs alone (attention over the
-    # shared pool changes float order); one run here measured 39 vs 35 tok/s at 8 streams
-    # with it on, a second run was too noisy to confirm. See docs/benchmarks.md.
+    # shared pool changes float order), for a throughput gain too small to be sure of
+    # (docs/benchmarks.md, "Figures behind code choices").
     kv_unified: bool = False
     # Chunked prefill: while streams decode, a step carries as many prompt tokens as keep
     # it within prefill_itl_ratio x a decode-only step (measured online), and at least
@@ -69,8 +68,8 @@ class ModelConfig(BaseModel):
     prefix_cache: bool = True
     # After a step that carries some job's first token, wait up to this long for the
     # publisher to have it in Redis before the next step: on a host where the API and Redis
-    # share the cores, the next llama_decode would otherwise compete with that write (it
-    # took 2.5-4 ms behind a decode here). Costs the engine one Redis round trip per job.
+    # share the cores, the next llama_decode would otherwise delay that write by most of a
+    # decode step. Costs the engine one Redis round trip per job.
     first_token_flush_ms: float = Field(default=20.0, ge=0.0)
     # vLLM (names as in vLLM)
     gpu_memory_utilization: float = 0.9
@@ -176,10 +175,6 @@ class Settings(BaseSettings):
     # Models this deployment serves (subset of the registry); empty means all. A JSON list
     # or comma-separated names.
     served_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    public_url: str | None = None
 
     # API keys file: lines of `sha256:<hex> tenant [admin]` (plain keys: TOKENQ_API_KEYS)
     api_keys_file: Path | None = None

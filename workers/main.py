@@ -27,6 +27,7 @@ from shared.models import gguf_path, hf_dir, select_backend
 from shared.settings import ModelConfig, Settings
 from workers import tasks
 from workers.engines.base import Engine
+from workers.runtime import WorkerRuntime, bind, runtime_of
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
     def _logs(**_: Any) -> None:  # Celery keeps ours (text or JSON lines)
         logs.configure(loglevel)
 
-    app.task(name=GENERATE_TASK, acks_late=True, ignore_result=True)(tasks.generate)
+    app.task(name=GENERATE_TASK, bind=True, acks_late=True, ignore_result=True)(tasks.generate)
     cfg = settings.models()[model]
 
     @signals.worker_init.connect(weak=False)  # type: ignore[untyped-decorator]
@@ -98,8 +99,8 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
             retry_on_error=[redis.ConnectionError, redis.TimeoutError])
         try:
-            rt = tasks.WorkerRuntime(settings=settings, model=model, cfg=cfg,
-                                     engine=build_engine(settings, model), r=r)
+            rt = WorkerRuntime(settings=settings, model=model, cfg=cfg,
+                               engine=build_engine(settings, model), r=r)
             rt.start()
         except Exception as exc:
             # Celery logs and swallows a start hook's exceptions, then consumes with no
@@ -107,11 +108,11 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
             log.exception("worker for %r: the engine could not start", model)
             raise SystemExit(f"worker for {model!r}: the {select_backend(cfg)} engine could "
                              f"not start: {type(exc).__name__}: {exc}") from exc
-        tasks.set_runtime(rt)
+        bind(app, rt)
 
     @signals.worker_shutting_down.connect(weak=False)  # type: ignore[untyped-decorator]
     def _drain(**_: Any) -> None:
-        rt = tasks._runtime
+        rt = runtime_of(app)
         if rt is not None:
             rt.drain()
 
@@ -120,11 +121,11 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
     @signals.worker_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
     def _stop(**_: Any) -> None:
         nonlocal engine_dead
-        rt = tasks._runtime
+        rt = runtime_of(app)
         if rt is not None:
             engine_dead = rt.engine_dead.is_set()
             rt.close()
-            tasks.set_runtime(None)
+            bind(app, None)
 
     slots = cfg.n_parallel if select_backend(cfg) in ("llama", "fake") else cfg.max_num_seqs
     try:

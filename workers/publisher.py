@@ -2,8 +2,8 @@
 
 The engine thread only enqueues its StepOutput here (no I/O on the engine
 thread). This thread coalesces whatever steps are waiting, writes every job's
-token events with the fenced APPEND script and every finished job with FINISH,
-in one round trip, then wakes the Celery task threads whose jobs ended.
+token events (the store's fenced `append`) and every finished job (`finish`) in
+one round trip, then wakes the Celery task threads whose jobs ended.
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 
 import redis
 
-from shared import keys
-from shared.jobs import APPEND, FINISH, dumps
+from shared.jobs import Appended, Ending, TokenWrite, dumps
 from shared.schemas import EVENT_CANCELLED, EVENT_DONE, EVENT_ERROR
-from shared.settings import Settings
+from shared.store import JobStore
 from workers.engines.base import Finished, StepOutput, TokenDelta
 
 log = logging.getLogger(__name__)
@@ -48,21 +47,18 @@ class JobHandle:
 
 
 class Publisher:
-    def __init__(self, r: redis.Redis, settings: Settings,
-                 on_cancel: Callable[[str], None] | None = None):
-        self._r = r
-        # APPEND answers 2 when the job's cancel was requested: the engine hears of it
-        # within one step, with no extra round trip (the task threads' poll is the fallback
-        # for jobs that are not producing tokens, e.g. in a long prefill).
+    def __init__(self, store: JobStore, on_cancel: Callable[[str], None] | None = None):
+        self._store = store
+        # A token write answers CANCEL_REQUESTED when the job's cancel was requested: the
+        # engine hears of it within one step, with no extra round trip (the task threads'
+        # poll is the fallback for jobs that are not producing tokens, e.g. in a long
+        # prefill).
         self._on_cancel = on_cancel
         self._cancelled: set[str] = set()  # told the engine once (publisher thread only)
-        self._settings = settings
-        self._append = r.register_script(APPEND)
-        self._finish = r.register_script(FINISH)
         self._steps: queue.SimpleQueue[StepOutput | None] = queue.SimpleQueue()
         self._handles: dict[str, JobHandle] = {}
         # Attempts handed back on drain: nothing more is written for them, ever (a late
-        # FINISH could otherwise land before the next attempt's ACQUIRE bumps the fence).
+        # finish could otherwise land before the next attempt's acquire bumps the fence).
         self._dropped: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         self._stopping = False
@@ -127,8 +123,8 @@ class Publisher:
 
     def _write_until_done(self, step: StepOutput) -> None:
         """Retry a failed step until Redis answers again (it may be restarting): dropping
-        it would leave a gap in the job's stream. Replays are safe: APPEND writes a token
-        only at its own index and FINISH only once. Meanwhile the engine's later steps
+        it would leave a gap in the job's stream. Replays are safe: `append` writes a token
+        only at its own index and `finish` ends a job only once. Meanwhile the engine's later steps
         queue up here; if the outage outlives the lease, another worker takes the job
         over and these writes are fenced off."""
         delay = 0.1
@@ -145,7 +141,6 @@ class Publisher:
                 delay = min(2.0, delay * 2)
 
     def _write(self, step: StepOutput) -> None:
-        s = self._settings
         if self._dropped:
             step = StepOutput(
                 [t for t in step.tokens if (t.job_id, t.attempt) not in self._dropped],
@@ -157,34 +152,21 @@ class Publisher:
         by_job: dict[tuple[str, int], list[TokenDelta]] = defaultdict(list)
         for t in step.tokens:
             by_job[(t.job_id, t.attempt)].append(t)
-        pipe = self._r.pipeline(transaction=False)
-        appended: list[tuple[str, int]] = []
+        tokens = {job: [TokenWrite(dumps(_token_event(t)), t.token_id, t.index) for t in toks]
+                  for job, toks in by_job.items()}
         now = time.time()
-        for (job_id, attempt), toks in by_job.items():
-            args: list[str | int] = [attempt, s.stream_maxlen]
-            for t in toks:
-                data: dict[str, object] = {"text": t.text, "index": t.index}
-                if t.logprobs is not None:
-                    data["logprobs"] = t.logprobs
-                args += [dumps(data), t.token_id, t.index]
-            self._append(keys=keys.job_script_keys(job_id)[:3], args=args, client=pipe)
-            appended.append((job_id, attempt))
-        # The handles' text feeds FINISH's `output` below; remember where each stood so a
-        # failed write (the step is retried) does not add the same text twice.
+        # The handles' text feeds the ending's `output` below; remember where each stood so
+        # a failed write (the step is retried) does not add the same text twice.
         before: dict[str, int] = {}
         for (job_id, _), toks in by_job.items():
             handle = self._handles.get(job_id)
             if handle is not None:
                 before[job_id] = len(handle.text)
                 handle.text.extend(t.text for t in toks)
-        for f in step.finished:
-            state, event, data, fields = self._terminal(f)
-            self._finish(keys=keys.job_script_keys(f.job_id),
-                         args=[f.attempt, state, dumps(fields), event, dumps(data),
-                               s.stream_maxlen, s.result_ttl_s], client=pipe)
+        endings = [self._ending(f) for f in step.finished]
         t_write = time.time()
         try:
-            results = pipe.execute()
+            appended, ended = self._store.write_step(tokens, endings)
         except redis.RedisError:
             for job_id, n in before.items():
                 handle = self._handles.get(job_id)
@@ -192,28 +174,33 @@ class Publisher:
                     del handle.text[n:]
             raise
         t_done = time.time()
-        for job_id in {*(j for j, _ in appended), *(f.job_id for f in step.finished)}:
+        for job_id in {*(j for j, _ in tokens), *(f.job_id for f in step.finished)}:
             handle = self._handles.get(job_id)
             if handle is not None:
                 handle.writes += 1
                 handle.write_s += t_done - t_write
                 handle.last_write = (t_write, t_done)
-        for job_id, _ in appended:
+        for job_id, _ in tokens:
             handle = self._handles.get(job_id)
             if handle is not None and handle.first_token_at is None:
                 handle.first_token_at = now
-        for (job_id, _), ok in zip(appended, results, strict=False):
-            if not ok:
+        for (job_id, _), got in zip(tokens, appended, strict=True):
+            if got is Appended.FENCED:
                 log.warning("job %s: token write fenced off (newer attempt or job ended)", job_id)
-            elif ok == 2 and self._on_cancel is not None and job_id not in self._cancelled:
+            elif (got is Appended.CANCEL_REQUESTED and self._on_cancel is not None
+                  and job_id not in self._cancelled):
                 self._cancelled.add(job_id)
                 self._on_cancel(job_id)
-        for f, ok in zip(step.finished, results[len(appended):], strict=True):
+        for f, ok in zip(step.finished, ended, strict=True):
             handle = self._handles.get(f.job_id)
             if handle is not None and handle.attempt == f.attempt:
                 handle.usage = (f.prompt_tokens, f.completion_tokens)
                 handle.outcome = self._outcome(f) if ok else "fenced"
                 handle.done.set()
+
+    def _ending(self, f: Finished) -> Ending:
+        state, event, data, fields = self._terminal(f)
+        return Ending(f.job_id, f.attempt, state, fields, event, dumps(data))
 
     def _terminal(self, f: Finished) -> tuple[str, str, dict[str, object], dict[str, str]]:
         handle = self._handles.get(f.job_id)
@@ -239,3 +226,11 @@ class Publisher:
     def _outcome(f: Finished) -> str:
         return {"stop": "succeeded", "length": "succeeded", "cancelled": "cancelled"}.get(
             f.reason, "failed")
+
+
+def _token_event(t: TokenDelta) -> dict[str, object]:
+    """A token event's data: its text and index, and its logprobs where asked for."""
+    data: dict[str, object] = {"text": t.text, "index": t.index}
+    if t.logprobs is not None:
+        data["logprobs"] = t.logprobs
+    return data

@@ -24,28 +24,14 @@ from redis.exceptions import RedisError
 
 from api import service
 from api.deps import AppState
+from api.errors import TokenqError
 from api.openai import files, protocol
+from api.openai.batch_store import BatchStore
 from shared import keys
-from shared.errors import TokenqError
-from shared.jobs import RENEW, SETTLE, dumps
+from shared.jobs import QueueFull, dumps
 
 log = logging.getLogger(__name__)
-LEASE_MS = 30_000
 
-# KEYS: batch, pending set. Nothing is left for a driver once every line is enqueued and a
-# cancel (if any) has swept the queued ones: the job scripts settle the batch when its last
-# running line ends. Atomic, so a cancel that lands meanwhile keeps the batch pending.
-RELEASE = """
-local b = redis.call('HMGET', KEYS[1], 'status', 'enqueue_done', 'swept')
-local terminal = b[1] == 'completed' or b[1] == 'failed' or b[1] == 'expired'
-                 or b[1] == 'cancelled'
-if not terminal then
-  if b[2] ~= '1' then return 0 end
-  if b[1] == 'cancelling' and b[3] ~= '1' then return 0 end
-end
-redis.call('SREM', KEYS[2], ARGV[1])
-return 1
-"""
 MAX_REPORTED_ERRORS = 100
 
 
@@ -65,9 +51,7 @@ class BatchDriver:
         self.r = state.redis
         self.me = uuid.uuid4().hex
         self.wake = asyncio.Event()
-        self._renew = self.r.register_script(RENEW)
-        self._settle = self.r.register_script(SETTLE)
-        self._release = self.r.register_script(RELEASE)
+        self.batches = BatchStore(self.r, self.me)
         self._stopping = False
 
     async def run(self) -> None:
@@ -78,15 +62,12 @@ class BatchDriver:
             if self._stopping or self.state.draining:
                 continue
             try:
-                pending: set[str] = await self.r.smembers(  # type: ignore[assignment]
-                    keys.BATCHES_PENDING)
-                for batch_id in sorted(pending):
-                    if await self.r.set(keys.batch_driver(batch_id), self.me, nx=True,
-                                        px=LEASE_MS):
+                for batch_id in await self.batches.pending():
+                    if await self.batches.take_lease(batch_id):
                         try:
                             await self.work(batch_id)
                         finally:
-                            await self.r.delete(keys.batch_driver(batch_id))
+                            await self.batches.drop_lease(batch_id)
             except RedisError as exc:
                 log.warning("batch driver: %s; retrying", exc)
             except Exception:
@@ -97,7 +78,7 @@ class BatchDriver:
         self.wake.set()
 
     async def _keep_lease(self, batch_id: str) -> None:
-        if not await self._renew(keys=[keys.batch_driver(batch_id)], args=[self.me, LEASE_MS]):
+        if not await self.batches.renew_lease(batch_id):
             raise RuntimeError(f"lost the driver lease of {batch_id}")
 
     async def work(self, batch_id: str) -> None:
@@ -111,10 +92,8 @@ class BatchDriver:
             await self.enqueue(h)
         if await self.r.hget(keys.batch(batch_id), "status") == "cancelling":
             await self.sweep_cancel(batch_id)
-        status = await self._settle(keys=[keys.batch(batch_id)], args=[repr(time.time())])
-        if status not in ("validating",):
-            await self._release(keys=[keys.batch(batch_id), keys.BATCHES_PENDING],
-                                args=[batch_id])
+        if await self.batches.settle(batch_id) != "validating":
+            await self.batches.release(batch_id)
 
     async def _check_line(self, h: dict[str, str], raw: bytes) -> tuple[str, service.Prepared]:
         try:
@@ -212,10 +191,10 @@ class BatchDriver:
             custom_id, prepared = await self._check_line(h, raw)
             extra = {"endpoint": h["endpoint"], "batch": batch_id, "custom_id": custom_id,
                      "ttl": str(s.file_ttl_s)}
-            ok, _, _ = await service.enqueue(self.state, h["owner"], prepared,
-                                             job_id=line_job_id(batch_id, n),
-                                             deadline=deadline, extra=extra)
-            if ok == -1:
+            created, _, _ = await service.enqueue(self.state, h["owner"], prepared,
+                                                  job_id=line_job_id(batch_id, n),
+                                                  deadline=deadline, extra=extra)
+            if isinstance(created, QueueFull):
                 log.info("batch %s: queue full at line %d; continuing later", batch_id, n)
                 await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
                 return
@@ -233,11 +212,8 @@ class BatchDriver:
         s = self.state.settings
         await self.r.hset(keys.batch(batch_id), "enqueue_done", "1")
         cursor = int(await self.r.hget(keys.batch(batch_id), "cursor") or 0)
-        cancel = self.state.scripts["cancel"]
         for n in range(1, cursor + 1):
-            job_id = line_job_id(batch_id, n)
-            await cancel(keys=[keys.job(job_id), keys.job_events(job_id)],
-                         args=[repr(time.time()), s.stream_maxlen, s.file_ttl_s])
+            await self.state.jobs.cancel(line_job_id(batch_id, n), ttl=s.file_ttl_s)
             if n % s.batch_chunk == 0:
                 await self._keep_lease(batch_id)
         await self.r.hset(keys.batch(batch_id), "swept", "1")

@@ -28,11 +28,11 @@ from redis.exceptions import WatchError
 
 from api import idempotency
 from api.deps import AppState
+from api.errors import Conflict, IdempotencyInProgress, InvalidRequest, NotFound
 from api.idempotency import Idem
 from api.openai import files
 from api.openai.protocol import ENDPOINTS, final_response
 from shared import keys
-from shared.errors import Conflict, IdempotencyInProgress, InvalidRequest, NotFound
 from shared.jobs import dumps
 from shared.schemas import JobRecord
 

@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api import service
 from api.deps import AppState
+from api.errors import InvalidRequest
 from api.openai import serving
-from shared.errors import InvalidRequest
 from shared.schemas import MAX_EMBED_INPUTS, JobRequest, Priority
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from typing import Any, Literal
 from fastapi import UploadFile
 
 from api.deps import AppState
+from api.errors import InvalidRequest, NotFound, PayloadTooLarge
 from shared import keys
-from shared.errors import InvalidRequest, NotFound, PayloadTooLarge
 
 PIECE = 1 << 20
 Purpose = Literal["batch", "batch_output", "user_data", "fine-tune", "assistants", "vision",

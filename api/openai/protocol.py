@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.errors import InvalidRequest
+from api.errors import InvalidRequest
 from shared.schemas import (
     MAX_TOP_LOGPROBS,
     ChatMessage,

@@ -21,6 +21,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api import service
 from api.deps import AppState
+from api.errors import Conflict, InvalidRequest, JobExpired, JobFailed, TokenqError
 from api.openai.protocol import (
     ChatCompletionRequest,
     ChatEndpoint,
@@ -32,7 +33,6 @@ from api.openai.protocol import (
     now,
     usage,
 )
-from shared.errors import Conflict, InvalidRequest, JobExpired, JobFailed, TokenqError
 from shared.jobs import dumps
 from shared.schemas import JobRecord
 

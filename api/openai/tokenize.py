@@ -6,18 +6,16 @@ folder's tokenizer for a vLLM-only model), as vLLM's server does: no job, no wor
 
 from __future__ import annotations
 
-import json
-import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from api import adapters
 from api.deps import AppState
+from api.errors import InvalidRequest, ModelNotFound, Unavailable
 from shared import keys
-from shared.errors import InvalidRequest, ModelNotFound, Unavailable
 from shared.models import select_backend
-from shared.schemas import ChatMessage
+from shared.schemas import ChatMessage, live_workers
 from shared.settings import ModelConfig
 
 MAX_DETOKENIZE = 131072
@@ -62,9 +60,8 @@ async def context_length(state: AppState, name: str, cfg: ModelConfig) -> int:
     if backend != "vllm" or cfg.max_model_len is not None:
         return cfg.context_length(backend)
     raw: dict[str, str] = await state.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
-    cutoff = time.time() - state.settings.worker_ttl_s
-    seen = [int(hb["max_model_len"]) for hb in map(json.loads, raw.values())
-            if hb.get("model") == name and hb.get("ts", 0) >= cutoff and hb.get("max_model_len")]
+    seen = [hb.max_model_len for hb in live_workers(raw, state.settings.worker_ttl_s).values()
+            if hb.model == name and hb.max_model_len]
     return min(seen) if seen else cfg.context_length(backend)
 
 

@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api import adapters
 from api.deps import AdminDep, StateDep
+from api.errors import NotFound
 from shared.adapters import NAME_PATTERN
-from shared.errors import NotFound
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import time
 from typing import Any
 
 from fastapi import APIRouter
 
 from api.deps import AdminDep, StateDep
 from shared import keys
+from shared.schemas import WorkerHeartbeat, live_workers
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
@@ -18,9 +17,8 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"])
 async def workers(state: StateDep, _admin: AdminDep) -> dict[str, Any]:
     """Every worker's last heartbeat, with whether it is still live."""
     raw: dict[str, str] = await state.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
-    cutoff = time.time() - state.settings.worker_ttl_s
-    data = []
-    for wid, info in sorted(raw.items()):
-        hb = json.loads(info)
-        data.append({"id": wid, "live": hb.get("ts", 0) >= cutoff, **hb})
+    live = live_workers(raw, state.settings.worker_ttl_s)
+    data = [{"id": wid, "live": wid in live,
+             **WorkerHeartbeat.model_validate_json(info).model_dump()}
+            for wid, info in sorted(raw.items())]
     return {"object": "list", "data": data}

@@ -12,8 +12,8 @@ from starlette.background import BackgroundTask
 
 from api import idempotency, joblist, service
 from api.deps import AppState, StateDep, TenantDep
+from api.errors import InvalidRequest, RateLimited
 from api.streams import is_valid_id
-from shared.errors import InvalidRequest, RateLimited
 from shared.schemas import TERMINAL_EVENTS, JobAccepted, JobRecord, JobRequest
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

@@ -9,6 +9,7 @@ from fastapi.responses import Response
 
 from api import adapters
 from api.deps import StateDep, TenantDep
+from api.errors import ModelNotFound
 from api.openai import embeddings as embeddings_logic
 from api.openai import serving
 from api.openai.embeddings import EmbeddingRequest
@@ -19,7 +20,6 @@ from api.openai.protocol import (
     CompletionRequest,
 )
 from api.openai.tokenize import context_length
-from shared.errors import ModelNotFound
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

@@ -12,7 +12,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
 from api.deps import StateDep
-from shared import keys
+from shared import keys, schemas
+from shared.schemas import WorkerHeartbeat
 
 router = APIRouter(tags=["ops"])
 
@@ -22,15 +23,16 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
+async def _live(state: StateDep) -> dict[str, WorkerHeartbeat]:
+    raw: dict[str, str] = await state.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
+    return schemas.live_workers(raw, state.settings.worker_ttl_s)
+
+
 async def live_workers(state: StateDep) -> dict[str, list[str]]:
     """Model -> ids of workers whose heartbeat is fresh."""
-    raw: dict[str, str] = await state.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
-    cutoff = time.time() - state.settings.worker_ttl_s
     out: dict[str, list[str]] = {}
-    for wid, info in raw.items():
-        hb = json.loads(info)
-        if hb.get("ts", 0) >= cutoff:
-            out.setdefault(hb["model"], []).append(wid)
+    for wid, hb in (await _live(state)).items():
+        out.setdefault(hb.model, []).append(wid)
     return out
 
 
@@ -72,18 +74,15 @@ async def metrics_targets(state: StateDep) -> JSONResponse:
     scrape job finds workers however they were started (compose replicas, the autoscaler's
     children, `tokenq up`). Target labels are __meta_ only: the worker's own series already
     carry `model`, and a target label of the same name would rename theirs."""
-    raw: dict[str, str] = await state.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
-    cutoff = time.time() - state.settings.worker_ttl_s
     groups = []
-    for wid, info in sorted(raw.items()):
-        hb = json.loads(info)
-        if hb.get("ts", 0) < cutoff or not hb.get("metrics_port"):
+    for wid, hb in (await _live(state)).items():
+        if not hb.metrics_port:
             continue
-        host = hb.get("metrics_host") or wid.rsplit(":", 1)[0]
-        groups.append({"targets": [f"{host}:{hb['metrics_port']}"],
+        host = hb.metrics_host or wid.rsplit(":", 1)[0]
+        groups.append({"targets": [f"{host}:{hb.metrics_port}"],
                        "labels": {"__meta_tokenq_worker": wid,
-                                  "__meta_tokenq_model": hb["model"],
-                                  "__meta_tokenq_backend": hb["backend"]}})
+                                  "__meta_tokenq_model": hb.model,
+                                  "__meta_tokenq_backend": hb.backend}})
     return JSONResponse(groups)
 
 
@@ -96,9 +95,7 @@ async def metrics(state: StateDep) -> Response:
               m.kv_cache):
         g.clear()
     try:
-        raw: dict[str, str] = await state.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
-        beats = [json.loads(v) for v in raw.values()]
-        beats = [b for b in beats if b.get("ts", 0) >= now - state.settings.worker_ttl_s]
+        beats = list((await _live(state)).values())
         for model in state.models:
             depth = 0
             for prio in keys.PRIORITIES:
@@ -107,14 +104,14 @@ async def metrics(state: StateDep) -> Response:
                 depth += n
                 m.queue_depth.labels(model, prio).set(n)
                 m.queue_oldest_age.labels(model, prio).set(await _oldest_age(state, queue, now))
-            mine = [b for b in beats if b["model"] == model]
-            m.running.labels(model).set(sum(b["running"] for b in mine))
-            m.waiting.labels(model).set(depth + sum(b["waiting"] for b in mine))
-            m.free_slots.labels(model).set(sum(b["slots"] - b["running"] for b in mine))
-            m.kv_cache.labels(model).set(max((b["kv_cache_usage"] for b in mine), default=0.0))
-            for backend in {b["backend"] for b in mine}:
+            mine = [b for b in beats if b.model == model]
+            m.running.labels(model).set(sum(b.running for b in mine))
+            m.waiting.labels(model).set(depth + sum(b.waiting for b in mine))
+            m.free_slots.labels(model).set(sum(b.slots - b.running for b in mine))
+            m.kv_cache.labels(model).set(max((b.kv_cache_usage for b in mine), default=0.0))
+            for backend in {b.backend for b in mine}:
                 m.workers.labels(model, backend).set(
-                    sum(1 for b in mine if b["backend"] == backend))
+                    sum(1 for b in mine if b.backend == backend))
     except RedisError:
         pass  # the process metrics still answer; /ready reports Redis
     body = generate_latest(m.registry) + generate_latest()

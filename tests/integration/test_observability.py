@@ -23,7 +23,8 @@ from shared.redis_server import EmbeddedRedis
 from shared.settings import Settings
 from tests.conftest import SMOL
 from workers.main import build_engine
-from workers.tasks import WorkerRuntime
+from workers.runtime import WorkerRuntime
+from workers.tasks import run_job
 
 EXPORTER = InMemorySpanExporter()
 
@@ -70,7 +71,7 @@ def test_a_job_is_one_trace_and_its_logs_carry_its_context(
                        r=redis.Redis.from_url(settings.redis_url or "", decode_responses=True))
     rt.start()
     try:
-        assert rt.run_job(job_id) == "succeeded"
+        assert run_job(rt, job_id) == "succeeded"
     finally:
         rt.close()
     got = {s.name: s for s in spans.get_finished_spans()}

@@ -15,9 +15,9 @@ import pytest
 
 from cli.stack import Stack
 from shared.redis_server import free_port
-from shared.webhooks import verify
 from tests.conftest import SMOL, WEBHOOK_SECRET
 from tests.integration.test_openai_batches import chat_line, jsonl, wait_status
+from workers.webhooks import verify
 
 
 class Receiver:
@@ -88,7 +88,7 @@ def test_job_and_batch_webhooks_are_signed_and_retried(
 
 
 def test_signature_rejects_tampering() -> None:
-    from shared.webhooks import sign
+    from workers.webhooks import sign
 
     ts = int(time.time())
     body = b'{"id":"evt_1"}'

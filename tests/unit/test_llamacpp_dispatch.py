@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workers.engines.llamacpp_dispatch import choose, load_cpu_backend
+from shared.llamacpp_dispatch import choose, load_cpu_backend
 
 SCORES = {"x64": 1, "haswell": 30, "skylakex": 50, "sapphirerapids": 90, "zen4": 0}
 VARIANTS = [Path(f"/lib/libggml-cpu-{v}.so") for v in SCORES]

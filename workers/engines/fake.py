@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.adapters import AdapterRef
+from shared.chat import count_tokens, prompt_text
 from shared.settings import ModelConfig
 from workers.engines.base import (
     EngineRequest,
@@ -52,17 +53,6 @@ def token_text(i: int, pad: int = 0) -> str:
 
 def expected_output(n: int, pad: int = 0) -> str:
     return "".join(token_text(i, pad) for i in range(n))
-
-
-def prompt_text(prompt: str | None, messages: list[dict[str, Any]] | None) -> str:
-    if prompt is not None:
-        return prompt
-    return "\n".join(str(m.get("content", "")) for m in messages or [])
-
-
-def count_tokens(text: str) -> int:
-    """The fake tokenizer: one token per whitespace-separated word (API and engine agree)."""
-    return max(1, len(text.split()))
 
 
 @dataclass(eq=False)

@@ -1,8 +1,9 @@
 """llama.cpp engine: continuous batching over one llama_batch, one sequence id per job.
 
-The only module that imports llama_cpp, with its helpers: llamacpp_vocab.py (backend
-start-up, tokenizer), llamacpp_sampling.py, llamacpp_lora.py (adapters) and
-llamacpp_seq.py (a job's sequence; a request's n choices sharing one prefill).
+The only engine module that imports llama_cpp, with its helpers: shared/vocab.py (backend
+start-up, tokenizer; the API uses it too), llamacpp_sampling.py, llamacpp_lora.py
+(adapters) and llamacpp_seq.py (a job's sequence; a request's n choices sharing one
+prefill).
 One context with n_seq_max = slots (each sequence gets n_ctx / slots cells, as in
 llama-server). Every step:
 1. take new jobs and cancels from the inbox (a job joins at the next step) and
@@ -38,6 +39,7 @@ import numpy as np
 
 from shared.adapters import AdapterRef
 from shared.settings import ModelConfig
+from shared.vocab import Vocab
 from workers.engines import logprobs
 from workers.engines.base import (
     EndReason,
@@ -53,7 +55,6 @@ from workers.engines.detok import Released, TextStream
 from workers.engines.llamacpp_lora import BASE, LoraSet, pick_group
 from workers.engines.llamacpp_sampling import Sampler
 from workers.engines.llamacpp_seq import Seq, find_leader, fork
-from workers.engines.llamacpp_vocab import Vocab
 
 __all__ = ["LlamaCppEngine", "Vocab"]
 
@@ -117,7 +118,7 @@ class LlamaCppEngine:
         from the mmapped file): pay that here rather than in the first job's TTFT, and time
         one decode step for the prefill budget. On the engine thread, like every decode:
         llama.cpp's OpenMP team belongs to the thread that first computes, and decoding
-        from another thread afterwards ran 1.7x slower here (23 -> 40 ms a step)."""
+        from another thread afterwards makes every step markedly slower."""
         tokens = self.vocab.tokenize("The call was about an invoice.")
         self._decode_seq0(tokens, 0)
         t0 = time.perf_counter()

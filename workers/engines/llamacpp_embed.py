@@ -1,6 +1,6 @@
 """llama.cpp embedding engine: many inputs of many jobs pooled in one llama_decode.
 
-Part of the llama.cpp engine (with llamacpp_vocab.py). An embedding model (BERT-like,
+Part of the llama.cpp engine (with shared/vocab.py). An embedding model (BERT-like,
 non-causal, mean or CLS pooling from its GGUF) has no KV cache to keep: every step
 packs waiting inputs (one sequence id each, up to n_parallel sequences and n_batch
 tokens, each whole: a non-causal model needs all of an input in one micro-batch, so
@@ -26,8 +26,8 @@ import numpy as np
 
 from shared.adapters import AdapterRef
 from shared.settings import ModelConfig
+from shared.vocab import Vocab
 from workers.engines.base import EngineRequest, EngineStats, Finished, Sink, StepOutput
-from workers.engines.llamacpp_vocab import Vocab
 
 log = logging.getLogger(__name__)
 

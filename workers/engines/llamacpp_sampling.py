@@ -5,8 +5,8 @@ top-p, temperature, seeded dist, or greedy) plus, for structured output, a
 grammar compiled from the job's JSON schema.
 
 Why the grammar is not simply the chain's first link: applied to every one of
-the vocabulary's 49k-262k candidates each step, it cost ~40 ms per token here
-(SmolLM2: 50 -> 16 tok/s). llama.cpp's own server avoids that, and so do we:
+the vocabulary's 49k-262k candidates each step, it costs more than the decode itself
+for a small model. llama.cpp's own server avoids that, and so do we:
 sample without the grammar, check only the chosen token against it, and
 apply the grammar to the whole vocabulary only when that token is rejected,
 which is rare once the model follows the format.

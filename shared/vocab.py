@@ -1,8 +1,10 @@
-"""llama.cpp backend start-up and the model's vocabulary (tokenizer, chat template).
+"""A GGUF model's vocabulary (tokenizer, chat template) and llama.cpp's backend start-up.
 
-Part of the llama.cpp engine (with llamacpp.py, llamacpp_sampling.py and
-llamacpp_lora.py, the only modules that import llama_cpp). The API loads `Vocab`
-with vocab_only to count prompt tokens without loading weights.
+Both sides use it: the llama.cpp engine (workers/engines/llamacpp.py) tokenizes and
+detokenizes with it, and the API loads it with vocab_only to count prompt tokens
+without loading weights (api/tokens.py). With the engine's modules, the only place
+that imports llama_cpp; nothing imports this module at start-up, only when a
+vocabulary is loaded.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from typing import Any
 import llama_cpp as ll
 
 from shared.chat import render_chat
+from shared.llamacpp_dispatch import load_cpu_backend
 from shared.settings import ModelConfig
-from workers.engines.llamacpp_dispatch import load_cpu_backend
 
-log = logging.getLogger("workers.engines.llamacpp")
+log = logging.getLogger("workers.engines.llamacpp")  # llama.cpp's own log lines
 
 
 @ll.llama_log_callback  # type: ignore[untyped-decorator]

@@ -2,10 +2,11 @@
 
 The job scripts put an event in the outbox (`tokenq:webhooks`, a zset scored by
 the time of the next attempt) in the same atomic step as the terminal
-transition, so an event exists iff the job or batch really ended. Any worker's
-sender thread claims due events by pushing their score forward (a lease: if
-that worker dies, the event is due again later), POSTs them, and removes them
-on a 2xx; failures back off exponentially up to `webhook_max_attempts`.
+transition (shared/lua/terminal.lua), so an event exists iff the job or batch
+really ended. Any worker's sender thread claims due events by pushing their
+score forward (a lease: if that worker dies, the event is due again later),
+POSTs them, and removes them on a 2xx; failures back off exponentially up to
+`webhook_max_attempts`.
 
 Signed the Standard Webhooks way (what OpenAI's webhooks use):
     webhook-id, webhook-timestamp, webhook-signature: v1,<base64 HMAC-SHA256 of
@@ -26,15 +27,48 @@ import httpx
 import redis
 
 from shared import keys
+from shared.scripts import Scripts
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
-CLAIM = """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
-for _, id in ipairs(ids) do redis.call('ZADD', KEYS[1], ARGV[1] + ARGV[2], id) end
-return ids
-"""
+GIVE_UP_KEEP_S = 7 * 24 * 3600  # an event given up on stays readable this long
+
+
+class WebhookOutbox:
+    """The outbox's Redis side: claim due events, read one, settle it."""
+
+    def __init__(self, r: redis.Redis):
+        self.r = r
+        self._scripts = Scripts(r, ("claim",))
+
+    def claim(self, lease_s: float, limit: int) -> list[str]:
+        """Due events, each leased to this sender for `lease_s`."""
+        ids: list[str] = self._scripts["claim"](keys=[keys.WEBHOOKS],
+                                                args=[time.time(), lease_s, limit])
+        return ids
+
+    def event(self, event_id: str) -> dict[str, str]:
+        h: dict[str, str] = self.r.hgetall(keys.webhook(event_id))  # type: ignore[assignment]
+        return h
+
+    def delivered(self, event_id: str) -> None:
+        self.r.zrem(keys.WEBHOOKS, event_id)
+        self.r.delete(keys.webhook(event_id))
+
+    def failed(self, event_id: str, max_attempts: int) -> int:
+        """Count a failed attempt; due again after a backoff, or given up. Attempts so far."""
+        attempts = int(self.r.hincrby(keys.webhook(event_id), "attempts", 1))
+        if attempts >= max_attempts:
+            self.r.zrem(keys.WEBHOOKS, event_id)
+            self.r.expire(keys.webhook(event_id), GIVE_UP_KEEP_S)
+        else:
+            self.r.zadd(keys.WEBHOOKS, {event_id: time.time() + min(300, 2 ** attempts)})
+        return attempts
+
+    def forget(self, event_id: str) -> None:
+        self.r.zrem(keys.WEBHOOKS, event_id)
+
 
 
 def sign(secret: str, event_id: str, timestamp: int, body: bytes) -> str:
@@ -54,9 +88,8 @@ def verify(secret: str, headers: dict[str, str], body: bytes, tolerance_s: int =
 
 class WebhookSender:
     def __init__(self, r: redis.Redis, settings: Settings):
-        self.r = r
+        self.outbox = WebhookOutbox(r)
         self.s = settings
-        self._claim = r.register_script(CLAIM)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tokenq-webhooks", daemon=True)
         self._http = httpx.Client(timeout=settings.webhook_timeout_s)
@@ -80,15 +113,15 @@ class WebhookSender:
 
     def deliver_due(self) -> int:
         lease = self.s.webhook_timeout_s * 2 + 1
-        ids: list[str] = self._claim(keys=[keys.WEBHOOKS], args=[time.time(), lease, 20])
+        ids = self.outbox.claim(lease, 20)
         for event_id in ids:
             self._deliver(event_id)
         return len(ids)
 
     def _deliver(self, event_id: str) -> None:
-        h: dict[str, str] = self.r.hgetall(keys.webhook(event_id))  # type: ignore[assignment]
+        h = self.outbox.event(event_id)
         if not h:
-            self.r.zrem(keys.WEBHOOKS, event_id)
+            self.outbox.forget(event_id)
             return
         ts = int(time.time())
         body = json.dumps({"object": "event", "id": event_id, "type": h["type"],
@@ -104,14 +137,9 @@ class WebhookSender:
             log.info("webhook %s to %s: %s", event_id, h["url"], exc)
             ok = False
         if ok:
-            self.r.zrem(keys.WEBHOOKS, event_id)
-            self.r.delete(keys.webhook(event_id))
+            self.outbox.delivered(event_id)
             return
-        attempts = int(self.r.hincrby(keys.webhook(event_id), "attempts", 1))
+        attempts = self.outbox.failed(event_id, self.s.webhook_max_attempts)
         if attempts >= self.s.webhook_max_attempts:
             log.warning("webhook %s to %s: giving up after %d attempts", event_id, h["url"],
                         attempts)
-            self.r.zrem(keys.WEBHOOKS, event_id)
-            self.r.expire(keys.webhook(event_id), 7 * 24 * 3600)
-        else:
-            self.r.zadd(keys.WEBHOOKS, {event_id: time.time() + min(300, 2 ** attempts)})

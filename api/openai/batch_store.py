@@ -1,0 +1,50 @@
+"""The batch driver's Redis protocol: its lease on a batch, settling and releasing it.
+
+The scripts are shared/lua/renew.lua, settle.lua (the job scripts' own settle, for
+batches whose lines all ended before the driver finished) and release.lua.
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis.asyncio as aioredis
+
+from shared import keys
+from shared.scripts import Scripts
+
+LEASE_MS = 30_000
+
+
+class BatchStore:
+    def __init__(self, r: aioredis.Redis, owner: str):
+        self.r = r
+        self.owner = owner  # this driver's lease value
+        self._scripts = Scripts(r, ("renew", "settle", "release"))
+
+    async def pending(self) -> list[str]:
+        """Batches a driver must work on, in id order."""
+        ids: set[str] = await self.r.smembers(keys.BATCHES_PENDING)  # type: ignore[assignment]
+        return sorted(ids)
+
+    async def take_lease(self, batch_id: str) -> bool:
+        return bool(await self.r.set(keys.batch_driver(batch_id), self.owner, nx=True,
+                                     px=LEASE_MS))
+
+    async def renew_lease(self, batch_id: str) -> bool:
+        return bool(await self._scripts["renew"](keys=[keys.batch_driver(batch_id)],
+                                                 args=[self.owner, LEASE_MS]))
+
+    async def drop_lease(self, batch_id: str) -> None:
+        await self.r.delete(keys.batch_driver(batch_id))
+
+    async def settle(self, batch_id: str) -> str | None:
+        """Settle the batch if its lines have all ended; its status, None if it is gone."""
+        status = await self._scripts["settle"](keys=[keys.batch(batch_id)],
+                                               args=[repr(time.time())])
+        return str(status) if status else None
+
+    async def release(self, batch_id: str) -> bool:
+        """Out of the pending set when nothing is left for a driver to do."""
+        return bool(await self._scripts["release"](
+            keys=[keys.batch(batch_id), keys.BATCHES_PENDING], args=[batch_id]))

@@ -1,0 +1,48 @@
+-- create (api): a job's record, its Celery message and its `queued` event in one step, or
+-- a refusal when the model's queue or the tenant's queued jobs are at their limit.
+-- Returns {code, n}: 1 created (n: queue depth before it), 2 already there (batch lines
+-- are created idempotently), -1 queue full (n: depth), -2 tenant full (n: its queued jobs),
+-- 3 the Idempotency-Key's job, same body (n: its id), 4 its job, another body (n: its id).
+-- With an Idempotency-Key (KEYS[7], its record "{id}|{body sha256}"): a key whose job still
+-- exists answers 3 or 4 and creates nothing; otherwise the record is set in the same step
+-- as the job, so a retry can never make a second job.
+local job_key, events_key, queue_key = KEYS[1], KEYS[2], KEYS[3]
+local tenant_jobs, tenant_queued, queued_index = KEYS[4], KEYS[5], KEYS[6]
+local idem_key = KEYS[7]
+local fields_json, message, queue_limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local maxlen, now, tenant_limit = ARGV[4], ARGV[5], tonumber(ARGV[6])
+local body_sha, idem_ttl = ARGV[7], ARGV[8]
+
+if idem_key then
+  local prev = redis.call('GET', idem_key)
+  if prev then
+    local bar = string.find(prev, '|', 1, true)
+    local prev_id = string.sub(prev, 1, bar - 1)
+    if redis.call('EXISTS', '@JOB_PREFIX@' .. prev_id) == 1 then
+      if string.sub(prev, bar + 1) == body_sha then return {3, prev_id} end
+      return {4, prev_id}
+    end
+  end
+end
+if redis.call('EXISTS', job_key) == 1 then return {2, 0} end
+local depth = redis.call('LLEN', queue_key)
+if queue_limit > 0 and depth >= queue_limit then return {-1, depth} end
+local mine = redis.call('ZCARD', tenant_queued)
+if tenant_limit > 0 and mine >= tenant_limit then return {-2, mine} end
+local fields = cjson.decode(fields_json)
+for k, v in pairs(fields) do redis.call('HSET', job_key, k, v) end
+-- the record names its tenant's queued set, so scripts that only know the job can leave it
+redis.call('HSET', job_key, 'tenant_queued', tenant_queued, 'msg', message)
+redis.call('LPUSH', queue_key, message)
+redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'e', 'queued',
+           'd', cjson.encode({position = depth}))
+redis.call('ZADD', tenant_jobs, now, fields['id'])
+redis.call('ZADD', tenant_queued, now, fields['id'])
+redis.call('ZADD', queued_index, now, job_key)
+if fields['batch'] then
+  redis.call('HINCRBY', '@BATCH_PREFIX@' .. fields['batch'], 'enqueued', 1)
+end
+if idem_key then
+  redis.call('SET', idem_key, fields['id'] .. '|' .. body_sha, 'EX', idem_ttl)
+end
+return {1, depth}

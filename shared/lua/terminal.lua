@@ -1,0 +1,74 @@
+-- The library every script that ends a job includes (shared/scripts.py): the one
+-- terminal transition, the bookkeeping it triggers (a batch line counted, its batch
+-- settled, completion webhooks put in the outbox workers deliver), and leaving the
+-- queued indexes. Key prefixes (written between at signs) come from shared/keys.py.
+
+-- Put a webhook event in the outbox (delivered by workers/webhooks.py).
+local function webhook(kind, obj_id, url, now)
+  local eid = 'evt_' .. redis.call('INCR', '@WEBHOOK_SEQ@')
+  redis.call('HSET', '@WEBHOOK_PREFIX@' .. eid, 'url', url, 'type', kind, 'object_id', obj_id,
+             'created_at', now, 'attempts', 0)
+  redis.call('ZADD', '@WEBHOOKS@', now, eid)
+end
+
+-- Settle a batch whose lines have all ended once its driver finished enqueuing them.
+-- Returns the batch's status (after settling), or false for a missing batch.
+local function batch_settle(bk, now)
+  local b = redis.call('HMGET', bk, 'status', 'enqueued', 'enqueue_done', 'completed', 'failed',
+                       'expired', 'webhook_url', 'id')
+  if b[3] ~= '1' or (b[1] ~= 'in_progress' and b[1] ~= 'cancelling') then return b[1] end
+  if (tonumber(b[4]) or 0) + (tonumber(b[5]) or 0) < (tonumber(b[2]) or 0) then return b[1] end
+  local final = 'completed'
+  if b[1] == 'cancelling' then final = 'cancelled'
+  elseif (tonumber(b[6]) or 0) > 0 then final = 'expired' end
+  redis.call('HSET', bk, 'status', final, final .. '_at', now, 'finalizing_at', now)
+  redis.call('SREM', '@BATCHES_PENDING@', b[8])
+  if b[7] then webhook('batch.' .. final, b[8], b[7], now) end
+  return final
+end
+
+-- Count a batch line as done (settling its batch when it was the last) and queue the job's
+-- completion webhook. Returns the TTL the job's keys get: batch lines live as long as
+-- their batch's files, other jobs `default_ttl`.
+local function on_terminal(job_key, state, now, default_ttl)
+  local h = redis.call('HMGET', job_key, 'batch', 'id', 'webhook_url', 'ttl')
+  if h[3] then webhook('job.' .. state, h[2], h[3], now) end
+  if not h[1] then return default_ttl end
+  local bk = '@BATCH_PREFIX@' .. h[1]
+  if state == 'succeeded' then
+    redis.call('RPUSH', bk .. ':out', h[2])
+    redis.call('HINCRBY', bk, 'completed', 1)
+  else
+    redis.call('RPUSH', bk .. ':err', h[2])
+    redis.call('HINCRBY', bk, 'failed', 1)
+    if state == 'expired' then redis.call('HINCRBY', bk, 'expired', 1) end
+  end
+  batch_settle(bk, now)
+  return h[4] or default_ttl
+end
+
+local function is_terminal(state)
+  return state == 'succeeded' or state == 'failed' or state == 'cancelled'
+         or state == 'expired'
+end
+
+-- The job no longer counts as queued, for its tenant or the rescue (idempotent).
+local function leave_queue(job_key)
+  local tq = redis.call('HGET', job_key, 'tenant_queued')
+  if tq then redis.call('ZREM', tq, redis.call('HGET', job_key, 'id')) end
+  redis.call('ZREM', '@QUEUED@', job_key)
+end
+
+-- The one terminal transition (finish, a queued job cancelled, expiry, exhaustion): the
+-- state and its fields, the terminal event, out of the running index, the bookkeeping
+-- above, and the TTL the record and its stream keep from now on.
+local function end_job(job_key, events_key, running_key, state, fields, event, data, now,
+                       default_ttl, maxlen)
+  redis.call('HSET', job_key, 'state', state)
+  for k, v in pairs(fields) do redis.call('HSET', job_key, k, v) end
+  redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'e', event, 'd', data)
+  redis.call('ZREM', running_key, job_key)
+  local ttl = on_terminal(job_key, state, now, default_ttl)
+  redis.call('EXPIRE', job_key, ttl)
+  redis.call('EXPIRE', events_key, ttl)
+end

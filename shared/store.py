@@ -1,0 +1,132 @@
+"""The job store: the job scripts (shared/jobs.py) behind typed methods, sync and asyncio.
+
+`JobStore` runs on a sync client (worker threads; tests); `AsyncJobStore` on a
+`redis.asyncio` client (the API). Both read stream length, TTLs and lease timing from
+the settings they are built with; callers pass only what the job needs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import redis
+import redis.asyncio as aioredis
+
+from shared import jobs
+from shared.jobs import (
+    AcquireResult,
+    Appended,
+    Call,
+    Cancelled,
+    CreateResult,
+    Ending,
+    IdemKey,
+    TokenWrite,
+)
+from shared.scripts import Scripts
+from shared.settings import Settings
+
+T = TypeVar("T")
+
+
+def _create(s: Settings, job_id: str, fields: dict[str, str], tenant: str, queue: str,
+            message: str, queue_limit: int | None, tenant_limit: int,
+            now: float | None, idem: IdemKey | None) -> Call[CreateResult]:
+    return jobs.create(job_id, fields, tenant=tenant, queue=queue, message=message,
+                       queue_limit=s.queue_limit if queue_limit is None else queue_limit,
+                       tenant_limit=tenant_limit, maxlen=s.stream_maxlen,
+                       now=time.time() if now is None else now, idem=idem)
+
+
+def _cancel(s: Settings, job_id: str, ttl: int | None) -> Call[Cancelled]:
+    return jobs.cancel(job_id, now=time.time(), maxlen=s.stream_maxlen,
+                       ttl=s.result_ttl_s if ttl is None else ttl)
+
+
+class JobStore:
+    """Sync: a worker's transitions (acquire, token steps, finish, leases, rescue)."""
+
+    def __init__(self, r: redis.Redis, settings: Settings):
+        self.r = r
+        self.s = settings
+        self._scripts = Scripts(r)
+
+    def _run(self, call: Call[T], client: Any = None) -> T:
+        return call.decode(self._scripts[call.script](keys=call.keys, args=call.args,
+                                                      client=client))
+
+    def _pipelined(self, calls: Sequence[Call[Any]]) -> list[Any]:
+        """Run the calls in one round trip; their raw answers, in order."""
+        pipe = self.r.pipeline(transaction=False)
+        for call in calls:
+            self._scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+        got: list[Any] = pipe.execute()
+        return got
+
+    def create(self, job_id: str, fields: dict[str, str], *, tenant: str, queue: str,
+               message: str, queue_limit: int | None = None, tenant_limit: int = 0,
+               now: float | None = None, idem: IdemKey | None = None) -> CreateResult:
+        return self._run(_create(self.s, job_id, fields, tenant, queue, message, queue_limit,
+                                 tenant_limit, now, idem))
+
+    def cancel(self, job_id: str, ttl: int | None = None) -> Cancelled:
+        return self._run(_cancel(self.s, job_id, ttl))
+
+    def acquire(self, job_id: str, worker: str) -> AcquireResult:
+        s = self.s
+        return self._run(jobs.acquire(job_id, worker=worker, lease_ms=int(s.lease_ttl_s * 1000),
+                                      max_attempts=s.max_attempts, now=time.time(),
+                                      maxlen=s.stream_maxlen, ttl=s.result_ttl_s))
+
+    def finish(self, end: Ending) -> bool:
+        return self._run(jobs.finish(end, maxlen=self.s.stream_maxlen, ttl=self.s.result_ttl_s))
+
+    def write_step(self, tokens: Mapping[tuple[str, int], Sequence[TokenWrite]],
+                   endings: Sequence[Ending]) -> tuple[list[Appended], list[bool]]:
+        """One round trip for an engine step: every job's (job id, attempt) tokens, then
+        every ending. Each write is fenced by its attempt on its own."""
+        s = self.s
+        appends = [jobs.append(job_id, attempt, toks, maxlen=s.stream_maxlen)
+                   for (job_id, attempt), toks in tokens.items()]
+        finishes = [jobs.finish(e, maxlen=s.stream_maxlen, ttl=s.result_ttl_s) for e in endings]
+        got = self._pipelined([*appends, *finishes])
+        return ([c.decode(x) for c, x in zip(appends, got[:len(appends)], strict=True)],
+                [c.decode(x) for c, x in zip(finishes, got[len(appends):], strict=True)])
+
+    def renew(self, leases: Sequence[tuple[str, int]], worker: str) -> list[bool]:
+        """Renew (or take back) the leases of (job id, attempt): True where still held."""
+        ms = int(self.s.lease_ttl_s * 1000)
+        calls = [jobs.renew(job_id, worker=worker, attempt=attempt, lease_ms=ms)
+                 for job_id, attempt in leases]
+        return [c.decode(x) for c, x in zip(calls, self._pipelined(calls), strict=True)]
+
+    def requeue(self, job_id: str, queue: str, message: str) -> bool:
+        return self._run(jobs.requeue(job_id, queue=queue, message=message))
+
+    def hand_back(self, job_id: str, worker: str, attempt: int, queue: str,
+                  message: str) -> bool:
+        return self._run(jobs.hand_back(job_id, worker=worker, attempt=attempt, queue=queue,
+                                        message=message))
+
+
+class AsyncJobStore:
+    """asyncio: the API's transitions (create, cancel)."""
+
+    def __init__(self, r: aioredis.Redis, settings: Settings):
+        self.s = settings
+        self._scripts = Scripts(r)
+
+    async def _run(self, call: Call[T]) -> T:
+        return call.decode(await self._scripts[call.script](keys=call.keys, args=call.args))
+
+    async def create(self, job_id: str, fields: dict[str, str], *, tenant: str, queue: str,
+                     message: str, queue_limit: int | None = None, tenant_limit: int = 0,
+                     now: float | None = None,
+                     idem: IdemKey | None = None) -> CreateResult:
+        return await self._run(_create(self.s, job_id, fields, tenant, queue, message,
+                                       queue_limit, tenant_limit, now, idem))
+
+    async def cancel(self, job_id: str, ttl: int | None = None) -> Cancelled:
+        return await self._run(_cancel(self.s, job_id, ttl))

@@ -1,0 +1,109 @@
+"""The worker's heartbeat thread: its record in `tokenq:workers`, its leases, the rescue.
+
+Every heartbeat_s it renews its jobs' leases (first: after a stall, its own reconcile
+must not find its own leases expired and hand its jobs to another attempt), writes its
+WorkerHeartbeat (what /ready, /metrics, the admin routes and the autoscaler read), and
+runs the reconciler when due. An engine that can no longer serve ends the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from shared import keys
+from shared.metrics import WorkerMetrics
+from shared.schemas import WorkerHeartbeat
+from shared.settings import Settings
+from workers.adapters import AdapterWatcher
+from workers.engines.base import Engine
+from workers.leases import Leases
+from workers.reconciler import Reconciler
+
+log = logging.getLogger(__name__)
+
+
+def advertised_metrics_host(s: Settings) -> str:
+    """Where Prometheus reaches this worker's metrics port (the API's /metrics/targets)."""
+    if s.worker_metrics_host:
+        return s.worker_metrics_host
+    bound = s.worker_metrics_addr
+    if bound not in ("", "0.0.0.0", "::"):
+        return bound
+    # Bound to all: this host's address as its own /etc/hosts has it (a container's or
+    # pod's IP), which resolves from anywhere on its network, unlike a container id.
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return socket.gethostname()
+
+
+@dataclass
+class Heartbeat:
+    r: redis.Redis
+    settings: Settings
+    worker_id: str
+    model: str
+    engine: Engine
+    adapters: AdapterWatcher
+    metrics: WorkerMetrics
+    leases: Leases
+    reconciler: Reconciler
+    on_engine_died: Callable[[], None]
+    metrics_port: int | None = None  # advertised once the metrics server is up
+    metrics_host: str = ""
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="tokenq-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self.beat()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def beat(self) -> None:
+        st = self.engine.stats()
+        hb = WorkerHeartbeat(
+            model=self.model, backend=self.engine.backend, slots=st.slots, running=st.running,
+            waiting=st.waiting, kv_cache_usage=st.kv_cache_usage,
+            prefix_hit_ratio=st.prefix_hit_ratio,
+            max_model_len=getattr(self.engine, "max_model_len", None),
+            metrics_port=self.metrics_port,
+            metrics_host=self.metrics_host, ts=time.time(), pid=os.getpid(),
+            adapters=self.adapters.summary())
+        self.r.hset(keys.WORKERS, self.worker_id, hb.model_dump_json())
+        self.metrics.kv_cache.labels(self.model).set(st.kv_cache_usage)
+        self.metrics.prefix_hit.labels(self.model).set(st.prefix_hit_ratio)
+
+    def forget(self) -> None:
+        """Leave the pool: /ready and the slot counts stop counting this worker at once."""
+        self.r.hdel(keys.WORKERS, self.worker_id)
+
+    def _run(self) -> None:
+        s = self.settings
+        last = time.monotonic()
+        while not self._stop.wait(s.heartbeat_s):
+            now = time.monotonic()
+            if now - last > s.lease_ttl_s / 2:
+                log.warning("heartbeat %.1f s late (process or machine stalled); leases may "
+                            "have expired", now - last - s.heartbeat_s)
+            last = now
+            if not self.engine.healthy():
+                self.on_engine_died()
+                return
+            try:
+                self.leases.renew()
+                self.beat()
+                self.reconciler.maybe_run()
+            except redis.RedisError:
+                log.exception("heartbeat failed")

@@ -1,0 +1,122 @@
+"""Everything one worker process owns, built in the worker start hook (never at import)
+and bound to its Celery app, where the generate task finds it.
+
+The parts: the engine and the publisher that writes its steps (workers/publisher.py),
+the heartbeat (workers/heartbeat.py) that keeps the leases (workers/leases.py) and
+runs the rescue (workers/reconciler.py), the drainer (workers/drain.py), the adapter
+watcher, the webhook sender and the metrics server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from dataclasses import dataclass, field
+
+import redis
+from celery import Celery
+from prometheus_client import start_http_server
+
+from shared import tracing
+from shared.celery_app import create_celery
+from shared.metrics import WorkerMetrics
+from shared.settings import ModelConfig, Settings
+from shared.store import JobStore
+from workers.adapters import AdapterWatcher
+from workers.drain import Drainer
+from workers.engines.base import Engine
+from workers.heartbeat import Heartbeat, advertised_metrics_host
+from workers.leases import Leases
+from workers.publisher import Publisher
+from workers.reconciler import Reconciler
+from workers.webhooks import WebhookSender
+
+log = logging.getLogger(__name__)
+
+_APP_ATTR = "tokenq_runtime"
+
+
+@dataclass
+class WorkerRuntime:
+    settings: Settings
+    model: str
+    cfg: ModelConfig
+    engine: Engine
+    r: redis.Redis
+    worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    engine_dead: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.store = JobStore(self.r, s)
+        self.publisher = Publisher(self.store, on_cancel=self.engine.cancel)
+        self.metrics = WorkerMetrics()
+        self.celery = create_celery(s)
+        self.webhooks = WebhookSender(self.r, s)
+        self.adapters = AdapterWatcher(self.r, self.engine, self.model, self.worker_id,
+                                       s.adapter_poll_s)
+        self.reconciler = Reconciler(self.store, s, self.celery)
+        self.drainer = Drainer(self.store, s, celery=self.celery,
+                               publisher=self.publisher, engine=self.engine, model=self.model,
+                               worker_id=self.worker_id)
+        self.heartbeat = Heartbeat(
+            r=self.r, settings=s, worker_id=self.worker_id, model=self.model, engine=self.engine,
+            adapters=self.adapters, metrics=self.metrics,
+            leases=Leases(self.store, self.publisher, self.engine, self.worker_id),
+            reconciler=self.reconciler, on_engine_died=self._engine_died)
+
+    def start(self) -> None:
+        s = self.settings
+        tracing.setup(s.tracing, "tokenq-worker")
+        if s.worker_metrics_port is not None:
+            server, _ = start_http_server(s.worker_metrics_port, addr=s.worker_metrics_addr,
+                                          registry=self.metrics.registry)
+            self.heartbeat.metrics_port = int(server.server_port)
+            self.heartbeat.metrics_host = advertised_metrics_host(s)
+        self.publisher.start()
+        self.engine.start(self.publisher.sink)
+        self.adapters.start()
+        self.heartbeat.start()
+        self.webhooks.start()
+        log.info("worker %s serving %s on %s (%d slots)", self.worker_id, self.model,
+                 self.engine.backend, self.engine.slots)
+
+    def close(self) -> None:
+        self.heartbeat.stop()
+        self.adapters.stop()
+        self.webhooks.stop()
+        self.engine.close()
+        self.publisher.stop()
+        try:
+            self.heartbeat.forget()
+        except redis.RedisError:
+            pass
+
+    def drain(self) -> None:
+        self.drainer.drain()
+
+    def _engine_died(self) -> None:
+        """The engine cannot serve again: leave /ready at once (no more heartbeats), let the
+        task threads hand their jobs back, and stop the process so a supervisor starts a
+        fresh one (`tokenq up` restarts workers; in k8s the pod restarts)."""
+        log.error("worker %s: the %s engine died; leaving the pool", self.worker_id,
+                  self.engine.backend)
+        self.engine_dead.set()
+        try:
+            self.heartbeat.forget()
+        except redis.RedisError:
+            log.exception("could not remove the heartbeat")
+        os.kill(os.getpid(), signal.SIGTERM)  # Celery warm shutdown: stop consuming
+
+
+def bind(app: Celery, rt: WorkerRuntime | None) -> None:
+    """Make `rt` the runtime the app's tasks run on (None: unbind at shutdown)."""
+    setattr(app, _APP_ATTR, rt)
+
+
+def runtime_of(app: Celery) -> WorkerRuntime | None:
+    rt = getattr(app, _APP_ATTR, None)
+    return rt if isinstance(rt, WorkerRuntime) else None
