@@ -20,6 +20,7 @@ from tests.cluster.harness import MODEL, Cluster, Reader, check_history, sh, sub
 
 # Long enough that a fault lands mid-stream and the new attempt still has work to do.
 LONG = 200
+BURST = 48  # jobs arriving at once on an empty pool (AUTOSCALE_MAX=2 workers x 8 slots)
 FIGURES: dict[str, Any] = {}
 
 
@@ -195,7 +196,9 @@ def test_burst_on_an_empty_pool_scales_out_and_back(cluster: Cluster) -> None:
         wait_for("no live worker", lambda: not cluster.live_workers(), 60)
         t0 = time.monotonic()
         with cluster.client() as c:
-            jobs = [submit(c, max_tokens=24, prompt=f"Say {i} in words:") for i in range(10)]
+            # More work than the pool's slots for several scrape intervals (5 s), so that
+            # Prometheus sees the queue however fast the first worker starts.
+            jobs = [submit(c, max_tokens=48, prompt=f"Say {i} in words:") for i in range(BURST)]
             scaled = wait_for("autoscaled workers", lambda: len(cluster.live_workers()), 120)
             first_worker_s = time.monotonic() - t0
             readers = [Reader(j) for j in jobs]
