@@ -6,9 +6,6 @@ OpenAI's objects) are listed in VLLM_ONLY; tokenq must have every other field vL
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +17,7 @@ from cli.compare_vllm import vllm_server_args
 from cli.stack import Stack
 from shared.redis_server import free_port
 from shared.settings import ModelConfig
+from tests.vllm import served
 from tests.vllm.conftest import MAX_MODEL_LEN, SLOTS, TINY
 
 pytestmark = pytest.mark.vllm
@@ -34,32 +32,12 @@ VLLM_ONLY = {"prompt_logprobs", "prompt_token_ids", "kv_transfer_params", "stop_
 
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model: Path, state_dir: Path) -> Iterator[str]:
-    from workers.engines.vllm import engine_env
-
     port = free_port()
     cfg = ModelConfig(backend="vllm", source="hf", path=str(tiny_model),
                       max_model_len=MAX_MODEL_LEN, max_num_seqs=SLOTS)
-    env = {**os.environ, **engine_env()}
-    log = (state_dir / "vllm-serve.log").open("wb")
-    proc = subprocess.Popen(vllm_server_args(str(tiny_model), TINY, cfg, port), env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, (state_dir / "vllm-serve.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "vLLM's server did not start"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
+    with served.vllm_server(vllm_server_args(str(tiny_model), TINY, cfg, port), port,
+                            state_dir / "vllm-serve.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
 
 
 def shape(v: Any) -> Any:

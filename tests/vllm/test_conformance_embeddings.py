@@ -5,10 +5,7 @@ all-MiniLM-L6-v2: the same response shape, and the same vectors up to F16 roundi
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +16,7 @@ import pytest
 from cli.stack import Stack
 from shared.redis_server import EmbeddedRedis, free_port
 from shared.settings import EMBEDDING_MODEL, Settings
+from tests.vllm import served
 from tests.vllm.test_conformance import diff, shape
 
 pytestmark = pytest.mark.vllm
@@ -35,32 +33,12 @@ def _wheel_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def vllm_embed_server(vllm_importable: None, state_dir: Path) -> Iterator[str]:  # noqa: ARG001
-    from workers.engines.vllm import engine_env
-
     port = free_port()
-    log = (state_dir / "vllm-embed.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-         "--model", str(_wheel_dir()), "--served-model-name", EMBEDDING_MODEL,
-         "--runner", "pooling", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)],
-        env={**os.environ, **engine_env()}, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, (state_dir / "vllm-embed.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "vLLM's embedding server did not start"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(_wheel_dir()), "--served-model-name", EMBEDDING_MODEL,
+            "--runner", "pooling", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)]
+    with served.vllm_server(args, port, state_dir / "vllm-embed.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
 
 
 @pytest.fixture(scope="module")
