@@ -1,6 +1,6 @@
 """Access log: one line per request (method, path, status, duration, tenant) on the
 `tokenq.access` logger, written when the response ends (an SSE stream: when it closes).
-Off with TOKENQ_ACCESS_LOG=false."""
+Off with TOKENQ_API__ACCESS_LOG=false."""
 
 from __future__ import annotations
 

@@ -35,11 +35,11 @@ log = logging.getLogger("tokenq.api")
 
 def create_app(settings: Settings | None = None, api_keys: str | None = None) -> FastAPI:
     settings = settings or get_settings()
-    api_key_map = load_keys(api_keys, settings.api_keys_file)
+    api_key_map = load_keys(api_keys, settings.api.keys_file)
     if settings.env == "production" and not api_key_map:
         # Without keys every caller would be the admin tenant: refuse, loudly, rather
         # than serve (or quietly hide on loopback where no probe or proxy reaches it).
-        raise SystemExit("TOKENQ_ENV=production needs API keys: set TOKENQ_API_KEYS_FILE "
+        raise SystemExit("TOKENQ_ENV=production needs API keys: set TOKENQ_API__KEYS_FILE "
                          "(lines of 'sha256:<hex> tenant [admin]'; `tokenq hash-key KEY`) "
                          "or TOKENQ_API_KEYS")
 
@@ -95,14 +95,14 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
     app.include_router(ops.router)
     app.include_router(admin.router)
     app.include_router(adapters.router)
-    if settings.playground:
+    if settings.api.playground:
         app.include_router(playground.router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
-                       large={"/v1/files": settings.max_file_bytes},
-                       timeout_s=settings.body_timeout_s)
+    app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes,
+                       large={"/v1/files": settings.api.max_file_bytes},
+                       timeout_s=settings.api.body_timeout_s)
     # Outermost: a request without a valid key is refused before its body is read.
     app.add_middleware(KeyAuth, keys=api_key_map)
-    if settings.access_log:
+    if settings.api.access_log:
         app.add_middleware(AccessLog)
     return app
 

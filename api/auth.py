@@ -1,7 +1,7 @@
 """API keys: who is calling (tenant, admin role), checked once for every route.
 
 Keys come from `TOKENQ_API_KEYS` (`key:tenant[:admin],…`, for dev and tests) and/or a
-keys file (`TOKENQ_API_KEYS_FILE`) holding only SHA-256 hashes, one key a line:
+keys file (`TOKENQ_API__KEYS_FILE`) holding only SHA-256 hashes, one key a line:
 
     # sha256 of the key          tenant   [admin]
     sha256:9f86d081884c7d65...   acme
@@ -117,11 +117,11 @@ class KeyAuth:
             principal = found
         scope.setdefault("state", {})["principal"] = principal
         state = getattr(scope["app"].state, "tokenq", None)
-        if state is not None and state.settings.rate_limit_rps > 0:
+        if state is not None and state.settings.api.rate_limit_rps > 0:
             s = state.settings
             try:
-                await state.limits.charge_requests(principal.tenant, s.rate_limit_rps,
-                                                   s.rate_limit_burst)
+                await state.limits.charge_requests(principal.tenant, s.api.rate_limit_rps,
+                                                   s.api.rate_limit_burst)
             except RateLimited as exc:
                 resp = envelope(429, exc.message, exc.type, exc.code,
                                 headers={"Retry-After": str(exc.retry_after)})

@@ -58,13 +58,13 @@ def serve(host: str, port: int) -> None:
         # Without keys anyone who can connect is the admin tenant: never off this machine
         # (in production create_app refuses to start at all).
         if host not in LOOPBACK_HOSTS:
-            log.warning("no API keys configured (TOKENQ_API_KEYS / TOKENQ_API_KEYS_FILE): "
+            log.warning("no API keys configured (TOKENQ_API_KEYS / TOKENQ_API__KEYS_FILE): "
                         "binding to 127.0.0.1 instead of %s", host)
             host = "127.0.0.1"
         log.warning("no API keys configured: listening on loopback only (%s:%d)", host, port)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=2)
-    DrainingServer(config, app, settings.api_drain_s).run()
+    DrainingServer(config, app, settings.api.drain_s).run()
 
 
 if __name__ == "__main__":

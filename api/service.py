@@ -128,7 +128,7 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
         raise InvalidRequest(
             f"model {req.model!r} is an embedding model: use /v1/embeddings" if cfg.embedding
             else f"model {req.model!r} does not make embeddings", param="model")
-    params = resolve_params(req, cfg, s.max_tokens_limit, s.max_stop_sequences)
+    params = resolve_params(req, cfg, s.api.max_tokens_limit, s.api.max_stop_sequences)
     backend = select_backend(cfg)
     context = cfg.context_length(backend)
     if req.input is not None:
@@ -205,7 +205,7 @@ async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | No
         fields["deadline"] = repr(deadline)
     queue = keys.queue(p.model, p.priority)
     idem_key = None if idem is None else jobs.IdemKey(idem.redis_key, idem.body_sha,
-                                                      state.settings.idempotency_ttl_s)
+                                                      state.settings.api.idempotency_ttl_s)
     created = await state.jobs.create(job_id, fields, tenant=tenant, queue=queue,
                                       message=task_message(state.celery, job_id, queue),
                                       queue_limit=queue_limit, tenant_limit=tenant_limit,
@@ -264,11 +264,11 @@ async def _submit(state: AppState, tenant: str, req: JobRequest, idem: Idem | No
     parent = tracing.traceparent()
     if parent is not None:
         p.fields["traceparent"] = parent
-    await state.limits.charge_tokens(tenant, state.settings.tokens_per_min,
+    await state.limits.charge_tokens(tenant, state.settings.api.tokens_per_min,
                                      p.n_prompt + p.max_tokens)
     deadline = deadline if deadline is not None else req.deadline
     created, job_id, now = await enqueue(state, tenant, p, deadline=deadline, extra=extra,
-                                         tenant_limit=state.settings.tenant_max_queued,
+                                         tenant_limit=state.settings.api.tenant_max_queued,
                                          idem=idem)
     if isinstance(created, jobs.KeyReused):
         raise idempotency.key_reused()
@@ -277,7 +277,7 @@ async def _submit(state: AppState, tenant: str, req: JobRequest, idem: Idem | No
         if again is not None:
             return again, True
     if isinstance(created, jobs.TenantFull):
-        raise QueueFull(f"you have {state.settings.tenant_max_queued} jobs queued, the limit "
+        raise QueueFull(f"you have {state.settings.api.tenant_max_queued} jobs queued, the limit "
                         "per tenant; retry when some have started", retry_after=5,
                         code="tenant_queue_full")
     if not isinstance(created, jobs.Created):

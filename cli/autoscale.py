@@ -37,12 +37,12 @@ Spawn = Callable[[str], "subprocess.Popen[bytes]"]
 def policy_from(settings: Settings, min_workers: int | None = None,
                 max_workers: int | None = None) -> Policy:
     return Policy(
-        min_workers=settings.autoscale_min if min_workers is None else min_workers,
-        max_workers=settings.autoscale_max if max_workers is None else max_workers,
-        up_window_s=settings.autoscale_up_window_s,
-        down_window_s=settings.autoscale_down_window_s,
-        cooldown_s=settings.autoscale_cooldown_s,
-        target_per_worker=settings.autoscale_target_per_worker)
+        min_workers=settings.autoscale.min_workers if min_workers is None else min_workers,
+        max_workers=settings.autoscale.max_workers if max_workers is None else max_workers,
+        up_window_s=settings.autoscale.up_window_s,
+        down_window_s=settings.autoscale.down_window_s,
+        cooldown_s=settings.autoscale.cooldown_s,
+        target_per_worker=settings.autoscale.target_per_worker)
 
 
 @dataclass

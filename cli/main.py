@@ -67,9 +67,9 @@ def up(
     autoscale: Annotated[bool, typer.Option(
         "--autoscale", help="workers follow the queue instead of --workers")] = False,
     min_workers: Annotated[int | None, typer.Option("--min", help="autoscale: fewest workers "
-                                                    "per model (TOKENQ_AUTOSCALE_MIN)")] = None,
+                                                    "per model (TOKENQ_AUTOSCALE__MIN_WORKERS)")] = None,
     max_workers: Annotated[int | None, typer.Option("--max", help="autoscale: most workers "
-                                                    "per model (TOKENQ_AUTOSCALE_MAX)")] = None,
+                                                    "per model (TOKENQ_AUTOSCALE__MAX_WORKERS)")] = None,
 ) -> None:
     """Run the embedded stack in the foreground: Redis, the API, N workers (or autoscaled)."""
     from cli.adhoc import resolve_models
@@ -112,7 +112,7 @@ def autoscale(
     max_workers: Annotated[int | None, typer.Option("--max")] = None,
 ) -> None:
     """Start and drain worker processes so each model's workers follow its queue; needs
-    TOKENQ_REDIS_URL. Windows and cooldown: TOKENQ_AUTOSCALE_* (see docs/operations.md)."""
+    TOKENQ_REDIS_URL. Windows and cooldown: TOKENQ_AUTOSCALE__* (see docs/operations.md)."""
     import signal
     import threading
 
@@ -126,7 +126,7 @@ def autoscale(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        scaler.run(stop, settings.autoscale_interval_s)
+        scaler.run(stop, settings.autoscale.interval_s)
     finally:
         scaler.close(stack.drain_timeout_s)
 
@@ -152,7 +152,7 @@ def worker(
     from workers.main import run_worker
 
     settings = _settings()
-    run_worker(settings, model or settings.worker_model or settings.default_model, loglevel)
+    run_worker(settings, model or settings.worker.model or settings.default_model, loglevel)
 
 
 @app.command()
@@ -312,7 +312,7 @@ def soak(
 
 @app.command("hash-key")
 def hash_key(key: str) -> None:
-    """Print a keys-file line for KEY (TOKENQ_API_KEYS_FILE stores only the hash)."""
+    """Print a keys-file line for KEY (TOKENQ_API__KEYS_FILE stores only the hash)."""
     from api.auth import hash_key as sha
 
     typer.echo(f"sha256:{sha(key)} TENANT")

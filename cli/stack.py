@@ -156,7 +156,7 @@ class Stack:
 
     def stop(self) -> None:
         if self.api is not None:  # drains: open streams get api_drain_s to finish
-            _terminate([self.api], self.settings.api_drain_s + 10)
+            _terminate([self.api], self.settings.api.drain_s + 10)
         if self.autoscaler is not None:
             self.autoscaler.close(self.drain_timeout_s)
         _terminate([p for _, p in self.worker_procs], self.drain_timeout_s)
@@ -171,7 +171,7 @@ class Stack:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         code = 0
-        tick_s = self.settings.autoscale_interval_s if self.autoscaler else 1.0
+        tick_s = self.settings.autoscale.interval_s if self.autoscaler else 1.0
         try:
             self.wait_ready()
             log.info("tokenq is up: %s (models: %s)", self.url, ", ".join(self.models))

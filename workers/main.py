@@ -38,14 +38,14 @@ def build_engine(settings: Settings, model: str) -> Engine:
     if backend == "llama" and cfg.embedding:
         from workers.engines.llamacpp_embed import LlamaEmbedEngine
 
-        if settings.worker_threads:
-            cfg = cfg.model_copy(update={"n_threads": settings.worker_threads})
+        if settings.worker.threads:
+            cfg = cfg.model_copy(update={"n_threads": settings.worker.threads})
         return LlamaEmbedEngine(cfg, gguf_path(cfg, settings.state_dir))
     if backend == "llama":
         from workers.engines.llamacpp import LlamaCppEngine
 
-        if settings.worker_threads:
-            cfg = cfg.model_copy(update={"n_threads": settings.worker_threads})
+        if settings.worker.threads:
+            cfg = cfg.model_copy(update={"n_threads": settings.worker.threads})
         return LlamaCppEngine(cfg, gguf_path(cfg, settings.state_dir))
     if backend == "vllm":
         return _vllm_engine(settings, model, cfg)

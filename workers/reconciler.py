@@ -44,7 +44,7 @@ class Reconciler:
         """Reconcile when reconcile_s has passed since the last pass (heartbeat thread)."""
         if time.monotonic() >= self._next_run:
             self.reconcile()
-            self._next_run = time.monotonic() + self.settings.reconcile_s
+            self._next_run = time.monotonic() + self.settings.worker.reconcile_s
 
     def reconcile(self) -> int:
         """Re-enqueue the jobs no message will deliver; how many were."""
@@ -56,9 +56,9 @@ class Reconciler:
         # Lost messages: every rescue_after_s / 2, not every pass.
         now = time.time()
         if now >= self._next_rescue:
-            self._next_rescue = now + self.settings.rescue_after_s / 2
+            self._next_rescue = now + self.settings.worker.rescue_after_s / 2
             oldest: list[str] = self.r.zrangebyscore(  # type: ignore[assignment]
-                keys.QUEUED, 0, now - self.settings.rescue_after_s, start=0, num=RESCUE_BATCH)
+                keys.QUEUED, 0, now - self.settings.worker.rescue_after_s, start=0, num=RESCUE_BATCH)
             stale += oldest
             self.forget_dead_workers(now)
         return sum(self._rescue(job_key) for job_key in stale)

@@ -71,8 +71,8 @@ class WorkerRuntime:
     def start(self) -> None:
         s = self.settings
         tracing.setup(s.tracing, "tokenq-worker")
-        if s.worker_metrics_port is not None:
-            server, _ = start_http_server(s.worker_metrics_port, addr=s.worker_metrics_addr,
+        if s.worker.metrics_port is not None:
+            server, _ = start_http_server(s.worker.metrics_port, addr=s.worker.metrics_addr,
                                           registry=self.metrics.registry)
             self.heartbeat.metrics_port = int(server.server_port)
             self.heartbeat.metrics_host = advertised_metrics_host(s)

@@ -92,16 +92,16 @@ class WebhookSender:
         self.s = settings
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tokenq-webhooks", daemon=True)
-        self._http = httpx.Client(timeout=settings.webhook_timeout_s)
+        self._http = httpx.Client(timeout=settings.worker.webhook_timeout_s)
 
     def start(self) -> None:
-        if not self.s.webhook_secret:
-            log.warning("TOKENQ_WEBHOOK_SECRET is not set: webhooks are sent unsigned")
+        if not self.s.worker.webhook_secret:
+            log.warning("TOKENQ_WORKER__WEBHOOK_SECRET is not set: webhooks are sent unsigned")
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=self.s.webhook_timeout_s + 1)
+        self._thread.join(timeout=self.s.worker.webhook_timeout_s + 1)
         self._http.close()
 
     def _run(self) -> None:
@@ -112,7 +112,7 @@ class WebhookSender:
                 log.warning("webhooks: %s", exc)
 
     def deliver_due(self) -> int:
-        lease = self.s.webhook_timeout_s * 2 + 1
+        lease = self.s.worker.webhook_timeout_s * 2 + 1
         ids = self.outbox.claim(lease, 20)
         for event_id in ids:
             self._deliver(event_id)
@@ -129,8 +129,8 @@ class WebhookSender:
                            "data": {"id": h["object_id"]}}).encode()
         headers = {"content-type": "application/json", "webhook-id": event_id,
                    "webhook-timestamp": str(ts), "user-agent": "tokenq-webhooks"}
-        if self.s.webhook_secret:
-            headers["webhook-signature"] = sign(self.s.webhook_secret, event_id, ts, body)
+        if self.s.worker.webhook_secret:
+            headers["webhook-signature"] = sign(self.s.worker.webhook_secret, event_id, ts, body)
         try:
             ok = self._http.post(h["url"], content=body, headers=headers).is_success
         except httpx.HTTPError as exc:
@@ -139,7 +139,7 @@ class WebhookSender:
         if ok:
             self.outbox.delivered(event_id)
             return
-        attempts = self.outbox.failed(event_id, self.s.webhook_max_attempts)
-        if attempts >= self.s.webhook_max_attempts:
+        attempts = self.outbox.failed(event_id, self.s.worker.webhook_max_attempts)
+        if attempts >= self.s.worker.webhook_max_attempts:
             log.warning("webhook %s to %s: giving up after %d attempts", event_id, h["url"],
                         attempts)

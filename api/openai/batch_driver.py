@@ -143,9 +143,9 @@ class BatchDriver:
         await self.r.delete(seen)
         async for n, raw in files.iter_lines(self.state, h["input_file_id"]):
             total += 1
-            if total > s.max_batch_lines:
+            if total > s.api.max_batch_lines:
                 errors.append({"code": "too_many_lines", "line": n, "param": None,
-                               "message": f"a batch holds at most {s.max_batch_lines} lines"})
+                               "message": f"a batch holds at most {s.api.max_batch_lines} lines"})
                 break
             try:
                 custom_id, _ = await self._check_line(h, raw)
@@ -157,7 +157,7 @@ class BatchDriver:
                 if len(errors) < MAX_REPORTED_ERRORS:
                     errors.append({"code": err.code, "message": err.message,
                                    "param": err.param, "line": n})
-            if total % s.batch_chunk == 0:
+            if total % s.api.batch_chunk == 0:
                 await self._keep_lease(batch_id)
         await self.r.delete(seen)
         if total == 0:
@@ -190,7 +190,7 @@ class BatchDriver:
             # results would hold every line in memory, which is what this driver avoids.
             custom_id, prepared = await self._check_line(h, raw)
             extra = {"endpoint": h["endpoint"], "batch": batch_id, "custom_id": custom_id,
-                     "ttl": str(s.file_ttl_s)}
+                     "ttl": str(s.api.file_ttl_s)}
             created, _, _ = await service.enqueue(self.state, h["owner"], prepared,
                                                   job_id=line_job_id(batch_id, n),
                                                   deadline=deadline, extra=extra)
@@ -199,7 +199,7 @@ class BatchDriver:
                 await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
                 return
             cursor, done = n, done + 1  # CREATE counts `enqueued` itself, atomically
-            if done % s.batch_chunk == 0:
+            if done % s.api.batch_chunk == 0:
                 await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
                 await self._keep_lease(batch_id)
                 if await self.r.hget(keys.batch(batch_id), "status") != "in_progress":
@@ -213,7 +213,7 @@ class BatchDriver:
         await self.r.hset(keys.batch(batch_id), "enqueue_done", "1")
         cursor = int(await self.r.hget(keys.batch(batch_id), "cursor") or 0)
         for n in range(1, cursor + 1):
-            await self.state.jobs.cancel(line_job_id(batch_id, n), ttl=s.file_ttl_s)
-            if n % s.batch_chunk == 0:
+            await self.state.jobs.cancel(line_job_id(batch_id, n), ttl=s.api.file_ttl_s)
+            if n % s.api.batch_chunk == 0:
                 await self._keep_lease(batch_id)
         await self.r.hset(keys.batch(batch_id), "swept", "1")

@@ -102,7 +102,7 @@ async def create(state: AppState, tenant: str, input_file_id: str, endpoint: str
                 return await _replay_or_conflict(state, tenant, idem), True
             pipe.multi()  # type: ignore[no-untyped-call]
             pipe.set(idem.redis_key, f"{batch_id}|{idem.body_sha}",
-                     ex=state.settings.idempotency_ttl_s)
+                     ex=state.settings.api.idempotency_ttl_s)
         pipe.hset(keys.batch(batch_id), mapping=h)  # type: ignore[arg-type]
         pipe.zadd(keys.tenant_batches(tenant), {batch_id: now})
         pipe.sadd(keys.BATCHES_PENDING, batch_id)
@@ -192,7 +192,7 @@ async def _register_outputs(state: AppState, tenant: str, h: dict[str, str]) -> 
               "created_at": h.get("completed_at") or h.get("cancelled_at") or repr(time.time()),
               "kind": "batch_" + count, "batch": h["id"]}
         await state.redis.hset(keys.file(h[field]), mapping=fh)  # type: ignore[arg-type]
-        await state.redis.expire(keys.file(h[field]), state.settings.file_ttl_s)
+        await state.redis.expire(keys.file(h[field]), state.settings.api.file_ttl_s)
         await state.redis.zadd(keys.tenant_files(tenant), {h[field]: time.time()})
 
 

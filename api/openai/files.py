@@ -36,7 +36,7 @@ def file_object(h: dict[str, str]) -> dict[str, Any]:
 
 
 def _path(state: AppState, file_id: str) -> Path | None:
-    d = state.settings.files_dir
+    d = state.settings.api.files_dir
     return None if d is None else Path(d) / file_id
 
 
@@ -51,8 +51,8 @@ async def create(state: AppState, tenant: str, upload: UploadFile, purpose: str)
     try:
         while piece := await upload.read(PIECE):
             size += len(piece)
-            if size > s.max_file_bytes:
-                raise PayloadTooLarge(f"file is larger than {s.max_file_bytes} bytes",
+            if size > s.api.max_file_bytes:
+                raise PayloadTooLarge(f"file is larger than {s.api.max_file_bytes} bytes",
                                       param="file")
             if path is None:
                 await state.raw.append(keys.file_data(file_id), piece)
@@ -66,9 +66,9 @@ async def create(state: AppState, tenant: str, upload: UploadFile, purpose: str)
          "filename": upload.filename or "upload.jsonl", "created_at": repr(now), "kind": "upload"}
     pipe = r.pipeline(transaction=True)
     pipe.hset(keys.file(file_id), mapping=h)  # type: ignore[arg-type]
-    pipe.expire(keys.file(file_id), s.file_ttl_s)
+    pipe.expire(keys.file(file_id), s.api.file_ttl_s)
     if path is None:
-        pipe.expire(keys.file_data(file_id), s.file_ttl_s)
+        pipe.expire(keys.file_data(file_id), s.api.file_ttl_s)
     pipe.zadd(keys.tenant_files(tenant), {file_id: now})
     await pipe.execute()
     return file_object(h)

@@ -53,7 +53,7 @@ async def create(state: AppState, tenant: str, endpoint: str,
         s = state.settings
         return EventSourceResponse(
             _chunks(state, tenant, endpoint, jobs, body.model, include_usage),
-            ping=s.sse_ping_s, send_timeout=s.sse_send_timeout_s, headers=headers)
+            ping=s.api.sse_ping_s, send_timeout=s.api.sse_send_timeout_s, headers=headers)
     ended = await await_all(state, tenant, jobs, request, want_lp)
     recs = [raise_for_state(rec) for rec, _ in ended]
     lps = [lp for _, lp in ended] if want_lp else None
@@ -101,7 +101,7 @@ def raise_for_state(rec: JobRecord) -> JobRecord:
 
 
 def _cancel_later(state: AppState, tenant: str, job_id: str) -> None:
-    if not state.settings.cancel_on_disconnect:
+    if not state.settings.api.cancel_on_disconnect:
         return
     log.info("job %s: client went away; cancelling", job_id)
     task = asyncio.get_running_loop().create_task(service.cancel(state, tenant, job_id, 0))

@@ -68,7 +68,7 @@ async def job_events(
     if after is not None and not is_valid_id(after):
         raise InvalidRequest("Last-Event-ID must be a stream id like 1700000000000-0",
                              param="last_event_id")
-    limit = state.settings.max_streams_per_tenant
+    limit = state.settings.api.max_streams_per_tenant
     if limit and state.open_streams.get(tenant, 0) >= limit:
         raise RateLimited(f"{limit} event streams are open for this API key on this replica; "
                           "close one first", retry_after=1, code="too_many_streams")
@@ -95,7 +95,7 @@ async def job_events(
                 cancel_soon(state, tenant, job_id)
 
     s = state.settings
-    return EventSourceResponse(gen(), ping=s.sse_ping_s, send_timeout=s.sse_send_timeout_s,
+    return EventSourceResponse(gen(), ping=s.api.sse_ping_s, send_timeout=s.api.sse_send_timeout_s,
                                background=BackgroundTask(release))
 
 

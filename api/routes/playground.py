@@ -1,6 +1,6 @@
 """GET /playground: one static page (plain HTML + JS) to try models, stream a job with
 token timing, cancel it, resume it after a reload, and watch a batch. The page holds no
-secret: its API calls carry the key typed into it. Off with TOKENQ_PLAYGROUND=false."""
+secret: its API calls carry the key typed into it. Off with TOKENQ_API__PLAYGROUND=false."""
 
 from __future__ import annotations
 

@@ -83,8 +83,9 @@ def test_page_is_off_with_the_setting(stack: Stack) -> None:
 
     from api.app import create_app
     from shared.settings import Settings
+    from shared.settings_roles import ApiSettings
 
-    off = create_app(Settings(redis_url=stack.redis_url, playground=False))
+    off = create_app(Settings(redis_url=stack.redis_url, api=ApiSettings(playground=False)))
     on = create_app(Settings(redis_url=stack.redis_url))
     assert TestClient(off).get("/playground").status_code == 404
     page = TestClient(on).get("/playground")

@@ -35,9 +35,9 @@ def workers(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
 def test_up_autoscale_starts_a_worker_for_a_job_and_drains_it(tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENQ_")}
-    env.update(TOKENQ_STATE_DIR=str(tmp_path / "state"), TOKENQ_AUTOSCALE_INTERVAL_S="0.5",
-               TOKENQ_AUTOSCALE_DOWN_WINDOW_S="1", TOKENQ_AUTOSCALE_COOLDOWN_S="1",
-               TOKENQ_HEARTBEAT_S="0.5", TOKENQ_DRAIN_GRACE_S="1")
+    env.update(TOKENQ_STATE_DIR=str(tmp_path / "state"), TOKENQ_AUTOSCALE__INTERVAL_S="0.5",
+               TOKENQ_AUTOSCALE__DOWN_WINDOW_S="1", TOKENQ_AUTOSCALE__COOLDOWN_S="1",
+               TOKENQ_WORKER__HEARTBEAT_S="0.5", TOKENQ_WORKER__DRAIN_GRACE_S="1")
     tokenq = Path(sys.executable).parent / "tokenq"
     proc = subprocess.Popen([str(tokenq), "up", "--port", str(port), "--autoscale",
                              "--min", "0", "--max", "1"], env=env,

@@ -24,8 +24,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 KEYS = {"alpha": "key-alpha", "beta": "key-beta", "admin": "key-admin"}
 SECURE_ENV = {
     "TOKENQ_API_KEYS": f"{KEYS['alpha']}:alpha,{KEYS['beta']}:beta,{KEYS['admin']}:ops:admin",
-    "TOKENQ_SSE_SEND_TIMEOUT_S": "2", "TOKENQ_BODY_TIMEOUT_S": "2",
-    "TOKENQ_MAX_BODY_BYTES": "200000",
+    "TOKENQ_API__SSE_SEND_TIMEOUT_S": "2", "TOKENQ_API__BODY_TIMEOUT_S": "2",
+    "TOKENQ_API__MAX_BODY_BYTES": "200000",
 }
 
 

@@ -16,9 +16,9 @@ from tests.faults.harness import FAKE, FAKE_IDLE, fake_stack, read_job, redis_of
 
 LIMITS = {
     "TOKENQ_API_KEYS": "ka:a,kb:b,kc:c,kr:r,kt:t,ks:s,kd:d",
-    "TOKENQ_QUEUE_LIMIT": "5", "TOKENQ_TENANT_MAX_QUEUED": "3",
-    "TOKENQ_RATE_LIMIT_RPS": "5", "TOKENQ_RATE_LIMIT_BURST": "5",
-    "TOKENQ_TOKENS_PER_MIN": "300", "TOKENQ_MAX_STREAMS_PER_TENANT": "2",
+    "TOKENQ_API__QUEUE_LIMIT": "5", "TOKENQ_API__TENANT_MAX_QUEUED": "3",
+    "TOKENQ_API__RATE_LIMIT_RPS": "5", "TOKENQ_API__RATE_LIMIT_BURST": "5",
+    "TOKENQ_API__TOKENS_PER_MIN": "300", "TOKENQ_API__MAX_STREAMS_PER_TENANT": "2",
 }
 
 

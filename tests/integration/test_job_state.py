@@ -28,6 +28,7 @@ from shared.jobs import (
 )
 from shared.schemas import JobSpec, SamplingParams
 from shared.settings import Settings
+from shared.settings_roles import WorkerSettings
 from shared.store import JobStore
 
 JOB = "job_t1"
@@ -36,11 +37,14 @@ MSG = dumps({"properties": {"delivery_tag": "tag1"}})
 MSG2 = dumps({"properties": {"delivery_tag": "tag2"}})
 SPEC = JobSpec(prompt="hi", params=SamplingParams(
     max_tokens=4, temperature=0, top_p=1, top_k=0, repetition_penalty=1)).model_dump_json()
-SETTINGS = Settings(stream_maxlen=1000, result_ttl_s=60, lease_ttl_s=60, max_attempts=3)
+SETTINGS = Settings(stream_maxlen=1000, result_ttl_s=60,
+                    worker=WorkerSettings(lease_ttl_s=60, max_attempts=3))
 
 
-def store(r: redis.Redis, **settings: float) -> JobStore:
-    return JobStore(r, SETTINGS.model_copy(update=settings))
+def store(r: redis.Redis, **worker: float) -> JobStore:
+    """A store whose worker settings are SETTINGS' with `worker` changed."""
+    return JobStore(r, SETTINGS.model_copy(
+        update={"worker": SETTINGS.worker.model_copy(update=worker)}))
 
 
 def create(r: redis.Redis, limit: int = 0, deadline: float | None = None,

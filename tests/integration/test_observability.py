@@ -21,6 +21,7 @@ from api.app import create_app
 from shared import logs
 from shared.redis_server import EmbeddedRedis
 from shared.settings import Settings
+from shared.settings_roles import WorkerSettings
 from tests.conftest import SMOL
 from workers.main import build_engine
 from workers.runtime import WorkerRuntime
@@ -57,7 +58,7 @@ def test_a_job_is_one_trace_and_its_logs_carry_its_context(
         r: redis.Redis, stack_settings: Settings) -> None:
     settings = Settings(redis_url=redis_server.url.rsplit("/", 1)[0] + "/15",
                         state_dir=stack_settings.state_dir, served_models=[SMOL],
-                        tracing=True, worker_metrics_port=None)
+                        tracing=True, worker=WorkerSettings(metrics_port=None))
     spans.clear()
     app = create_app(settings)
     with TestClient(app) as client:

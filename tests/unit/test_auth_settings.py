@@ -58,19 +58,19 @@ def test_production_refuses_to_start_without_keys(tmp_path: Path,
     from shared.settings import get_settings
 
     prod = Settings(redis_url="redis://:pw@redis:6379/0", env="production")
-    with pytest.raises(SystemExit, match="TOKENQ_API_KEYS_FILE"):
+    with pytest.raises(SystemExit, match="TOKENQ_API__KEYS_FILE"):
         create_app(prod)
     monkeypatch.setenv("TOKENQ_ENV", "production")
     monkeypatch.setenv("TOKENQ_REDIS_URL", "redis://:pw@redis:6379/0")
     monkeypatch.delenv("TOKENQ_API_KEYS", raising=False)
-    monkeypatch.delenv("TOKENQ_API_KEYS_FILE", raising=False)
+    monkeypatch.delenv("TOKENQ_API__KEYS_FILE", raising=False)
     get_settings.cache_clear()
     try:
         with pytest.raises(SystemExit, match="needs API keys"):
             app_from_env()
         keys = tmp_path / "keys"
         keys.write_text(f"sha256:{hash_key('k')} acme\n")
-        monkeypatch.setenv("TOKENQ_API_KEYS_FILE", str(keys))
+        monkeypatch.setenv("TOKENQ_API__KEYS_FILE", str(keys))
         get_settings.cache_clear()
         assert app_from_env().state.api_keys_configured
     finally:

@@ -22,7 +22,7 @@ import yaml
 from cloudcoil.models.keda.v1alpha1 import ScaledObject
 
 from cli.main import app as cli_app
-from shared.settings import ModelConfig, Settings, default_models
+from shared.settings import ModelConfig, Settings, default_models, variable_names
 from tests.unit.promql import check
 
 K8S = Path(__file__).resolve().parents[2] / "compose" / "k8s"
@@ -130,7 +130,7 @@ def test_api_keys_come_from_a_secret_and_prometheus_is_shipped(
     env = {e["name"]: e.get("value") for e in c.get("env", [])}
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     secrets = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
-    keys_file = env["TOKENQ_API_KEYS_FILE"]
+    keys_file = env["TOKENQ_API__KEYS_FILE"]
     [vol] = [n for n, path in mounts.items() if keys_file.startswith(path + "/")]
     assert secrets[vol] == "tokenq-api-keys"
     # KEDA's triggers query the Prometheus these manifests ship, not one assumed elsewhere
@@ -151,9 +151,14 @@ def test_api_keys_come_from_a_secret_and_prometheus_is_shipped(
 
 def config(docs: dict[tuple[str, str], dict[str, Any]]) -> Settings:
     data = docs[("ConfigMap", "tokenq-config")]["data"]
-    fields = {f"TOKENQ_{f.upper()}" for f in Settings.model_fields}
-    assert set(data) <= fields  # a misspelt variable would be ignored silently
-    env = {k.removeprefix("TOKENQ_").lower(): v for k, v in data.items()}
+    assert set(data) <= variable_names()  # a misspelt variable would be ignored silently
+    env: dict[str, Any] = {}
+    for var, value in data.items():  # TOKENQ_WORKER__DRAIN_GRACE_S: worker.drain_grace_s
+        name, _, field = var.removeprefix("TOKENQ_").lower().partition("__")
+        if field:
+            env.setdefault(name, {})[field] = value
+        else:
+            env[name] = value
     env["served_models"] = json.loads(env["served_models"])
     return Settings(redis_url="redis://:pw@redis:6379/0", **env)
 
@@ -176,7 +181,7 @@ def test_api_probes_prestop_and_grace_cover_the_drain(
     assert str(ports["http"]) == c["command"][c["command"].index("--port") + 1]
     pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
-    assert spec["terminationGracePeriodSeconds"] >= int(pre_stop[1]) + s.api_drain_s
+    assert spec["terminationGracePeriodSeconds"] >= int(pre_stop[1]) + s.api.drain_s
     svc = docs[("Service", "tokenq-api")]["spec"]
     labels = docs[("Deployment", "tokenq-api")]["spec"]["template"]["metadata"]["labels"]
     assert svc["selector"].items() <= labels.items()
@@ -193,12 +198,12 @@ def test_workers_probe_metrics_and_grace_covers_the_drain(
             continue
         group.get_command(None, "worker").make_context(  # type: ignore[attr-defined]
             "worker", list(c["command"][2:]))
-        assert spec["terminationGracePeriodSeconds"] > s.drain_grace_s
-        assert {p["containerPort"] for p in c["ports"]} == {s.worker_metrics_port}
+        assert spec["terminationGracePeriodSeconds"] > s.worker.drain_grace_s
+        assert {p["containerPort"] for p in c["ports"]} == {s.worker.metrics_port}
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert c[probe]["httpGet"]["port"] == "metrics"
         env = {e["name"]: e for e in c.get("env", [])}
-        assert env["TOKENQ_WORKER_METRICS_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] \
+        assert env["TOKENQ_WORKER__METRICS_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] \
             == "status.podIP"
 
 

@@ -47,7 +47,7 @@ def lora_stack(redis_server: EmbeddedRedis, state_dir: Path,
         # batch's shape, and this test compares batched text with text alone.
         "dtype": "float32"}}))
     settings = Settings(redis_url=redis_server.url, state_dir=state_dir, models_file=path)
-    os.environ.update(TOKENQ_HEARTBEAT_S="1")
+    os.environ.update(TOKENQ_WORKER__HEARTBEAT_S="1")
     st = Stack(settings, port=free_port(), workers=1, models=[BASE], quiet=True)
     st.start_parts()
     try:
