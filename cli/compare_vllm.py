@@ -46,7 +46,7 @@ def vllm_server_args(folder: str, model: str, cfg: ModelConfig, port: int) -> li
 def compare_vllm(settings: Settings, model: str, levels: list[int], requests: int | None,
                  prompt_words: int, max_tokens: int, budget_s: float,
                  console: Console) -> dict[str, Any]:
-    from workers.engines.vllm import engine_env
+    from workers.engines.vllm_args import engine_env
 
     for k, v in engine_env().items():  # the peer server inherits the same environment
         os.environ.setdefault(k, v)

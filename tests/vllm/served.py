@@ -15,7 +15,7 @@ import httpx
 @contextmanager
 def vllm_server(args: list[str], port: int, log_path: Path) -> Iterator[str]:
     """Run `args` (a vLLM api_server command on `port`); yield its URL once it is healthy."""
-    from workers.engines.vllm import engine_env  # imports vLLM's settings: only when used
+    from workers.engines.vllm_args import engine_env  # imports vLLM's settings: only when used
 
     log = log_path.open("wb")
     proc = subprocess.Popen(args, env={**os.environ, **engine_env()}, stdout=log,

@@ -82,8 +82,9 @@ def test_job_streams_to_done(vclient: httpx.Client) -> None:
 
 
 def all_running(r: redis.Redis, ids: list[str], timeout: float = 120) -> bool:
-    """True as soon as every job is `running` (read from Redis: polling the API would lag
-    behind two streams of ~500 tok/s on this machine); False once one of them ended."""
+    """True as soon as every job is `running` (read from Redis: polling the API can lag
+    behind fast streams, which may end before a poll sees them both running); False once
+    one of them ended."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         states = [r.hget(keys.job(j), "state") for j in ids]

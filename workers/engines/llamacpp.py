@@ -2,8 +2,8 @@
 
 The only engine module that imports llama_cpp, with its helpers: shared/vocab.py (backend
 start-up, tokenizer; the API uses it too), llamacpp_sampling.py, llamacpp_lora.py
-(adapters) and llamacpp_seq.py (a job's sequence; a request's n choices sharing one
-prefill).
+(adapters), llamacpp_slots.py (slots and their cached prefixes) and llamacpp_seq.py (a
+job's sequence; a request's n choices sharing one prefill).
 One context with n_seq_max = slots (each sequence gets n_ctx / slots cells, as in
 llama-server). Every step:
 1. take new jobs and cancels from the inbox (a job joins at the next step) and
@@ -52,9 +52,10 @@ from workers.engines.base import (
 )
 from workers.engines.budget import PrefillBudget
 from workers.engines.detok import Released, TextStream
-from workers.engines.llamacpp_lora import BASE, LoraSet, pick_group
+from workers.engines.llamacpp_lora import LoraSet, pick_group
 from workers.engines.llamacpp_sampling import Sampler
-from workers.engines.llamacpp_seq import Seq, find_leader, fork
+from workers.engines.llamacpp_seq import Seq, fork, share_prefill
+from workers.engines.llamacpp_slots import SlotPool
 
 __all__ = ["LlamaCppEngine", "Vocab"]
 
@@ -73,9 +74,6 @@ class LlamaCppEngine:
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._waiting: list[EngineRequest] = []
         self._active: dict[int, Seq] = {}
-        self._free_ids = list(range(self.slots))
-        # (adapter version, tokens) whose KV a free slot still holds
-        self._cached: dict[int, tuple[int, list[int]]] = {}
         self._last_group: int | None = None
         self.budget = PrefillBudget(self.slots, cfg.n_batch, cfg.prefill_itl_ratio,
                                     cfg.prefill_min_chunk)
@@ -107,6 +105,7 @@ class LlamaCppEngine:
         self.mem = ll.llama_get_memory(ctx)
         self.batch = ll.llama_batch_init(self.cfg.n_batch, 0, 1)
         self.lora = LoraSet(self.vocab.model, ctx)
+        self.pool = SlotPool(self.mem, self.slots, self.cfg.prefix_cache)
         warm: Future[None] = Future()
         self._thread = threading.Thread(target=self._loop, args=(warm,), name="llama-engine",
                                         daemon=True)
@@ -241,7 +240,7 @@ class LlamaCppEngine:
                 return
 
     def _admit(self, out: StepOutput) -> None:
-        while self._waiting and self._free_ids:
+        while self._waiting and self.pool.free:
             req = self._waiting.pop(0)
             try:
                 prompt = self.vocab.tokenize(self.vocab.render(req.prompt, req.messages))
@@ -272,19 +271,12 @@ class LlamaCppEngine:
                         "context_length_exceeded", f"prompt has {len(prompt)} tokens; this "
                         f"worker's context is {self.n_ctx_seq}"))
                 continue
-            seq_id, reused = self._take_slot(tokens, group)
-            leader = (find_leader(self._active.values(), tokens, group)
-                      if reused < len(tokens) // 2 else None)
-            if leader is not None:  # n choices: one prefill, then a copy of its KV
-                ll.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
-                reused = 0
-                if leader.history[:len(tokens)] == tokens and leader.n_past >= len(tokens):
-                    # It is past its prompt already: copy its KV, drop what it generated
-                    # after the prompt and the prompt's last cell (decoded again for logits).
-                    ll.llama_memory_seq_cp(self.mem, leader.seq_id, seq_id, -1, -1)
-                    reused = len(tokens) - 1
-                    ll.llama_memory_seq_rm(self.mem, seq_id, reused, -1)
-                    leader = None
+            seq_id, reused = self.pool.take(tokens, group)
+            if reused < len(tokens) // 2:  # n choices: one prefill, then a copy of its KV
+                reused, leader = share_prefill(self.mem, self._active.values(), seq_id,
+                                               tokens, group, reused)
+            else:
+                leader = None
             self.prompt_tokens_total += len(tokens)
             self.prefix_reused_tokens += reused
             self._active[seq_id] = Seq(
@@ -295,32 +287,6 @@ class LlamaCppEngine:
                 generated=len(req.resume_token_ids),
                 emitted=len(req.resume_token_ids), history=list(tokens), group=group,
                 leader=leader)
-
-    def _take_slot(self, tokens: list[int], group: int) -> tuple[int, int]:
-        """The free slot whose cached KV shares the longest prefix with `tokens`, and how many
-        of its cells are kept (llama-server's prompt cache: a post-call template or a long
-        system prompt is prefilled once per slot, not once per job). Only cells computed
-        with the same adapter version count: another adapter's KV is different KV."""
-        best, best_len = self._free_ids[0], 0
-        if self.cfg.prefix_cache:
-            for sid in self._free_ids:
-                cached_group, cached = self._cached.get(sid, (BASE, []))
-                if cached_group != group:
-                    continue
-                n = 0
-                for a, b in zip(cached, tokens, strict=False):
-                    if a != b:
-                        break
-                    n += 1
-                if n > best_len:
-                    best, best_len = sid, n
-        self._free_ids.remove(best)
-        keep = min(best_len, len(tokens) - 1)  # always decode >= 1 token for fresh logits
-        if keep <= 0 or not ll.llama_memory_seq_rm(self.mem, best, keep, -1):
-            ll.llama_memory_seq_rm(self.mem, best, -1, -1)
-            keep = 0
-        self._cached.pop(best, None)
-        return best, keep
 
     def _step(self, out: StepOutput) -> None:
         batch, n = self.batch, 0
@@ -397,14 +363,13 @@ class LlamaCppEngine:
         # usage counts the token events clients saw (a cancel drops held-back tokens)
         out.finished.append(Finished(seq.req.job_id, seq.req.attempt, reason, seq.n_prompt,
                                      seq.emitted, code, message))
-        if reason == "error":  # the KV may be inconsistent after a failed decode
-            ll.llama_memory_seq_rm(self.mem, seq.seq_id, -1, -1)
-        else:  # keep the cells for prefix reuse; positions [0, n_past) are valid
-            self._cached[seq.seq_id] = (seq.group, seq.history[:seq.n_past])
+        # keep the cells for prefix reuse (positions [0, n_past) are valid), unless the
+        # decode failed
+        self.pool.give_back(seq.seq_id, seq.group,
+                            None if reason == "error" else seq.history[:seq.n_past])
         for f in self._active.values():
             if f.leader is seq:  # it ended before its prefill was done: prefill alone
                 f.leader = None
         seq.sampler.free()
         self.lora.release(seq.group)
         del self._active[seq.seq_id]
-        self._free_ids.append(seq.seq_id)

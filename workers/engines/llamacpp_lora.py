@@ -7,7 +7,7 @@ groups take turns step by step (`pick_group`). A sequence's KV cells are written
 in its own group's steps, so each job's KV is computed with its own adapter throughout;
 the cost is that with G groups in flight each gets 1/G of the steps. The prefix cache
 keys a free slot's cells by the adapter version they were computed with and never
-reuses them for another (llamacpp.py `_take_slot`).
+reuses them for another (llamacpp_slots.py `SlotPool.take`).
 
 All llama.cpp calls here run on the engine thread (the model's adapter list and the
 context's graph are not thread-safe); other threads go through the engine's inbox.

@@ -59,6 +59,25 @@ def find_leader(active: Iterable[Seq], tokens: list[int], group: int) -> Seq | N
     return found
 
 
+def share_prefill(mem: Any, active: Iterable[Seq], seq_id: int, tokens: list[int],
+                  group: int, reused: int) -> tuple[int, Seq | None]:
+    """For a job about to run `tokens` in slot `seq_id` with `reused` cached cells: an
+    active job with the same input shares its KV. Returns the cells now reused and the
+    leader to wait for (None: nothing to wait for)."""
+    leader = find_leader(active, tokens, group)
+    if leader is None:
+        return reused, None
+    ll.llama_memory_seq_rm(mem, seq_id, -1, -1)
+    if leader.history[:len(tokens)] == tokens and leader.n_past >= len(tokens):
+        # It is past its prompt already: copy its KV, drop what it generated after the
+        # prompt and the prompt's last cell (decoded again for logits).
+        ll.llama_memory_seq_cp(mem, leader.seq_id, seq_id, -1, -1)
+        reused = len(tokens) - 1
+        ll.llama_memory_seq_rm(mem, seq_id, reused, -1)
+        return reused, None
+    return 0, leader
+
+
 def fork(mem: Any, active: Iterable[Seq], rows: list[tuple[Seq, int]]) -> list[tuple[Seq, int]]:
     """Followers of a leader whose whole input went in this step get a copy of its KV
     (the whole sequence: across per-slot KV streams llama.cpp copies only whole

