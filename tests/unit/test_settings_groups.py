@@ -79,7 +79,7 @@ def test_the_toml_file_takes_tables_and_old_flat_keys(
 
 def test_a_misspelt_toml_key_in_a_table_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "tokenq.toml").write_text('[worker]\nlease_ttl = 5\n')
-    with pytest.raises(SettingsProblem, match="unknown key 'worker.lease_ttl'"):
+    with pytest.raises(SettingsProblem, match=r"unknown key 'worker\.lease_ttl'"):
         load_settings()
 
 
