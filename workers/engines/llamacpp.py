@@ -272,11 +272,10 @@ class LlamaCppEngine:
                         f"worker's context is {self.n_ctx_seq}"))
                 continue
             seq_id, reused = self.pool.take(tokens, group)
+            leader = None
             if reused < len(tokens) // 2:  # n choices: one prefill, then a copy of its KV
                 reused, leader = share_prefill(self.mem, self._active.values(), seq_id,
                                                tokens, group, reused)
-            else:
-                leader = None
             self.prompt_tokens_total += len(tokens)
             self.prefix_reused_tokens += reused
             self._active[seq_id] = Seq(
