@@ -111,6 +111,7 @@ class SkipReason(enum.StrEnum):
     BUSY = "busy"  # a copy delivered while another attempt holds the lease
     EXPIRED = "expired"  # past its deadline: ended `expired` here
     EXHAUSTED = "exhausted"  # max_attempts reached: ended `failed` here
+    POISON = "poison"  # a worker died compiling its grammar: ended `failed` here
 
 
 @dataclass(frozen=True, slots=True)

@@ -249,6 +249,28 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = 5.0
     webhook_max_attempts: int = 5
 
+    # --- hostile tenants (issue 17): grammar budgets and webhook safety ------------------
+    # (one block on purpose: the settings are being regrouped into roles; these move as one)
+    # Budgets on a JSON schema (response_format, job and batch lines) checked by the API
+    # before anything is enqueued (shared/schema_budget.py): over them is a 400. llama.cpp
+    # segfaults compiling maxLength 20000 (docs/reliability.md); 0 lifts a budget.
+    schema_max_repeat: int = Field(default=1000, ge=0)  # min/max Length/Items, regex {m,n}
+    schema_max_depth: int = Field(default=32, ge=0)  # nesting of the schema document
+    schema_max_nodes: int = Field(default=1000, ge=0)  # objects (subschemas, properties)
+    schema_max_enum: int = Field(default=256, ge=0)  # values of one enum
+    schema_max_pattern: int = Field(default=512, ge=0)  # characters of one pattern
+    schema_max_grammar: int = Field(default=20_000, ge=0)  # estimated grammar size
+    # Webhook receivers must be public addresses; these hosts or CIDRs are allowed besides
+    # (in-cluster receivers): `hooks.internal,10.0.0.0/8,127.0.0.1` (names match exactly).
+    webhook_allow_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Per-tenant signing secrets, `tenant:whsec_<base64>,…`; a tenant without one gets a
+    # secret derived from webhook_secret and its name (`tokenq webhook-secret TENANT`).
+    webhook_secrets: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    webhook_max_response_bytes: int = 65_536  # read of a receiver's answer, then closed
+    webhook_attempt_s: float = 10.0  # one attempt, connect to last byte, at most this
+    webhook_senders: int = Field(default=4, ge=1)  # deliveries in flight per worker
+    # --- end of the issue 17 block --------------------------------------------------------
+
     # Celery redelivers a message not acked within this (its worker died, or the job is
     # simply long: the lease makes such a copy drop itself). kombu looks for overdue
     # messages every unacked_restore_s (its default of ~100 s delayed takeover).
@@ -281,7 +303,7 @@ class Settings(BaseSettings):
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
         return tuple(sources)
 
-    @field_validator("served_models", mode="before")
+    @field_validator("served_models", "webhook_allow_hosts", mode="before")
     @classmethod
     def _names(cls, v: Any) -> Any:
         if isinstance(v, str):
@@ -290,6 +312,32 @@ class Settings(BaseSettings):
                 return json.loads(text)
             return [n.strip() for n in text.split(",") if n.strip()]
         return v
+
+    @field_validator("webhook_secrets", mode="before")
+    @classmethod
+    def _secrets(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            text = v.strip()
+            if text.startswith("{"):
+                return json.loads(text)
+            pairs = (item.strip().partition(":") for item in text.split(",") if item.strip())
+            return {tenant.strip(): secret.strip() for tenant, _, secret in pairs}
+        return v
+
+    @model_validator(mode="after")
+    def _webhook_secrets_are_standard(self) -> Settings:
+        """`whsec_<base64>` (Standard Webhooks), refused at start rather than at send."""
+        from shared.webhook_policy import secret_key
+
+        for name, secret in [("TOKENQ_WEBHOOK_SECRET", self.webhook_secret),
+                             *((f"TOKENQ_WEBHOOK_SECRETS[{t}]", x)
+                               for t, x in self.webhook_secrets.items())]:
+            if secret:
+                try:
+                    secret_key(secret)
+                except ValueError as exc:
+                    raise ValueError(f"{name}: {exc}") from exc
+        return self
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import redis
 import redis.asyncio as aioredis
 
-from shared import jobs
+from shared import jobs, keys
 from shared.jobs import (
     AcquireResult,
     Appended,
@@ -101,6 +101,13 @@ class JobStore:
         calls = [jobs.renew(job_id, worker=worker, attempt=attempt, lease_ms=ms)
                  for job_id, attempt in leases]
         return [c.decode(x) for c, x in zip(calls, self._pipelined(calls), strict=True)]
+
+    def mark_grammar(self, job_id: str, attempt: int) -> None:
+        """This attempt is compiling the job's grammar (workers/tasks.guard_grammar)."""
+        self.r.hset(keys.job(job_id), "grammar_probe", str(attempt))
+
+    def clear_grammar(self, job_id: str) -> None:
+        self.r.hdel(keys.job(job_id), "grammar_probe")
 
     def requeue(self, job_id: str, queue: str, message: str) -> bool:
         return self._run(jobs.requeue(job_id, queue=queue, message=message))

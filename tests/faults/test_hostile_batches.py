@@ -1,0 +1,131 @@
+"""Hostile tenant, issue 17 item 4: a batch with a poisoned line.
+
+A line of 100,000 `[` (RecursionError in json.loads) or a schema nested 100 deep used to
+escape the per-line checks: the batch stayed `validating`, retried every second, and
+the batches sorted after it never ran, on any replica. Now every line's failure is a
+line error in the batch's `errors` (OpenAI's batch error shape) and the batch fails
+alone; a batch whose processing raises is given up after a bounded number of tries
+while the others go on.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from api.openai.batch_driver import MAX_DRIVER_FAILURES
+from cli.stack import Stack
+from shared import keys
+from tests.faults.conftest import KEYS
+from tests.faults.harness import FAKE, fake_stack, redis_of
+from tests.integration.test_openai_batches import chat_line, jsonl
+
+NESTED = json.loads('{"type": "object", "properties": {"a": ' * 100 + "{}" + "}}" * 100)
+
+
+def schema_line(custom_id: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return chat_line(custom_id, "hi", model=FAKE, response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+
+
+POISONED = [
+    chat_line("good", "hi", model=FAKE),
+    '{"custom_id": "deep", "body": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    "[" * 100_000,
+    schema_line("nested", NESTED),
+    schema_line("crasher", {"type": "string", "maxLength": 20000}),
+    '{"custom_id": "trunc',
+]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    env = {"TOKENQ_API_KEYS": f"{KEYS['alpha']}:alpha,{KEYS['beta']}:beta"}
+    with fake_stack(tmp_path_factory.mktemp("hostile-batches"), workers=1, env=env) as st:
+        yield st
+
+
+def client(stack: Stack, tenant: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.url + "/v1", api_key=KEYS[tenant], max_retries=0,
+                         timeout=60)
+
+
+def create(oai: openai.OpenAI, lines: list[Any]) -> str:
+    f = oai.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+    return oai.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                              completion_window="24h").id
+
+
+def wait_done(oai: openai.OpenAI, batch_id: str, timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    while (b := oai.batches.retrieve(batch_id)).status not in {"completed", "failed",
+                                                                "expired", "cancelled"}:
+        assert time.monotonic() < deadline, b
+        time.sleep(0.2)
+    return b
+
+
+def beta_batches(stack: Stack, n: int = 3) -> list[str]:
+    beta = client(stack, "beta")
+    return [create(beta, [chat_line(f"b{i}-{k}", "hi", model=FAKE) for k in range(4)])
+            for i in range(n)]
+
+
+def assert_completed(stack: Stack, ids: list[str]) -> None:
+    beta = client(stack, "beta")
+    for batch_id in ids:
+        b = wait_done(beta, batch_id)
+        assert b.status == "completed", b
+        assert b.request_counts is not None and b.request_counts.completed == 4, b
+        out = [json.loads(x) for x in beta.files.content(b.output_file_id or "").text.split()]
+        assert len(out) == 4, out
+        assert all(x["response"]["status_code"] == 200 for x in out)
+
+
+def test_poisoned_lines_fail_their_batch_alone(stack: Stack) -> None:
+    alpha = client(stack, "alpha")
+    poisoned = create(alpha, POISONED)
+    after = beta_batches(stack)
+    b = wait_done(alpha, poisoned)
+    assert b.status == "failed", b
+    assert b.errors is not None and b.errors.data is not None
+    by_line = {e.line: e for e in b.errors.data}
+    assert set(by_line) == {2, 3, 4, 5, 6}, b.errors
+    assert by_line[2].code == by_line[3].code == by_line[6].code == "invalid_json"
+    assert "nested" in (by_line[4].message or "") and by_line[4].param == "body.response_format"
+    assert by_line[5].code == "schema_too_complex"
+    assert_completed(stack, after)
+
+
+def test_a_batch_that_raises_is_given_up_and_others_go_on(stack: Stack) -> None:
+    """A batch record the driver cannot process (fault injected: a corrupt expiry on the
+    batch that sorts first) raises on every try; after MAX_DRIVER_FAILURES it is failed,
+    and the other tenant's batches complete meanwhile."""
+    r = redis_of(stack)
+    bad = "batch_0000"  # sorts before every uuid-named batch
+    alpha = client(stack, "alpha")
+    f = alpha.files.create(file=("in.jsonl", jsonl([chat_line("a", "hi", model=FAKE)])),
+                           purpose="batch")
+    r.hset(keys.batch(bad), mapping={
+        "id": bad, "owner": "alpha", "endpoint": "/v1/chat/completions",
+        "input_file_id": f.id, "completion_window": "24h", "status": "in_progress",
+        "created_at": repr(time.time()), "expires_at": "not a number",
+        "output_file_id": "file-0000o", "error_file_id": "file-0000e", "total": "1",
+        "completed": "0", "failed": "0", "enqueued": "0", "cursor": "0"})
+    r.zadd(keys.tenant_batches("alpha"), {bad: time.time()})
+    r.sadd(keys.BATCHES_PENDING, bad)
+    after = beta_batches(stack)
+    assert_completed(stack, after)
+    b = wait_done(alpha, bad)
+    assert b.status == "failed", b
+    assert b.errors is not None and b.errors.data is not None
+    assert b.errors.data[0].code == "batch_processing_failed"
+    assert r.hget(keys.batch(bad), "driver_failures") == str(MAX_DRIVER_FAILURES)
+    assert not r.sismember(keys.BATCHES_PENDING, bad)
+    r.close()
