@@ -33,6 +33,7 @@ from shared import jobs, keys, logs, schema_budget, tracing, webhook_policy
 from shared.celery_app import task_message
 from shared.jobs import dumps
 from shared.models import select_backend
+from shared.schema_budget import GrammarBudget, SchemaOverBudget
 from shared.schemas import (
     JobAccepted,
     JobRecord,
@@ -41,7 +42,6 @@ from shared.schemas import (
     ResponseFormat,
     SamplingParams,
 )
-from shared.schema_budget import GrammarBudget, SchemaOverBudget
 from shared.settings import ModelConfig
 
 MAX_STOP_LEN = 64

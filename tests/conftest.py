@@ -21,7 +21,8 @@ NO_WORKER_MODEL = "smollm2-noworker"  # never gets a worker in the session
 SMOL = "smollm2-135m-instruct"
 GEMMA = "gemma3-270m"
 EMBED = "all-minilm-l6-v2"
-WEBHOOK_SECRET = "whsec_dG9rZW5xLXRlc3RzLXdlYmhvb2sta2V5LTMyYnl0ZXM="  # Standard Webhooks: whsec_<base64>
+# Standard Webhooks: whsec_<base64>
+WEBHOOK_SECRET = "whsec_dG9rZW5xLXRlc3RzLXdlYmhvb2sta2V5LTMyYnl0ZXM="
 MAX_BATCH_LINES = 300
 
 

@@ -92,8 +92,7 @@ def beta_streaming(secure_stack: Stack) -> Iterator[list[str]]:
 
 
 def test_schemas_over_the_budget_are_refused_before_enqueue(
-        secure_stack: Stack, alpha: httpx.Client, secure_redis: redis.Redis,
-        beta_streaming: list[str]) -> None:
+        alpha: httpx.Client, secure_redis: redis.Redis, beta_streaming: list[str]) -> None:
     refused = 0
     for name, schema in HOSTILE:
         for path, body in bodies(schema):

@@ -27,7 +27,6 @@ import redis
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from cli.stack import Stack
 from shared import keys
 from shared.redis_server import free_port
 from shared.settings import Settings
@@ -235,8 +234,7 @@ def test_address_policy() -> None:
     assert not is_public(literal_ip("100.64.0.1"))  # type: ignore[arg-type]
 
 
-def test_send_time_check_and_pinning(tmp_path: Path, r: redis.Redis,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_send_time_check_and_pinning(r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process sender on the tests' Redis: (1) an event whose URL turned internal after
     submit (a DNS rebinding; here written straight into the outbox) is refused at send time
     and never reaches the address; (2) the connection goes to the address that was checked
@@ -249,7 +247,6 @@ def test_send_time_check_and_pinning(tmp_path: Path, r: redis.Redis,
     pinned = Receiver("ok")
     s = Settings(webhook_allow_hosts=["127.0.0.1"], webhook_max_attempts=2)
     sender = WebhookSender(r, s)
-    monkeypatch.setattr(keys, "WEBHOOKS", "tokenq:test:webhooks")
 
     def event(eid: str, url: str, attempts: int = 0) -> None:
         r.hset(keys.webhook(eid), mapping={"url": url, "type": "job.succeeded",
@@ -259,7 +256,8 @@ def test_send_time_check_and_pinning(tmp_path: Path, r: redis.Redis,
     real_resolve = wh.resolve
 
     async def fake_resolve(policy: AddressPolicy, url: str, timeout_s: float = 5.0) -> Any:
-        return await real_resolve(policy, url.replace("rebind.invalid", "127.0.0.1"))
+        return await real_resolve(policy, url.replace("rebind.invalid", "127.0.0.1"),
+                                  timeout_s)
 
     monkeypatch.setattr(wh, "resolve", fake_resolve)
 

@@ -15,10 +15,10 @@ import pytest
 
 from cli.stack import Stack
 from shared.redis_server import free_port
-from tests.conftest import SMOL, WEBHOOK_SECRET
-from tests.integration.test_openai_batches import chat_line, jsonl, wait_status
 from shared.settings import Settings
 from shared.webhook_policy import tenant_secret
+from tests.conftest import SMOL, WEBHOOK_SECRET
+from tests.integration.test_openai_batches import chat_line, jsonl, wait_status
 from workers.webhooks import verify
 
 # Without API keys every caller is tenant `default`: its secret is derived from the
