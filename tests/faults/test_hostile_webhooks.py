@@ -256,8 +256,10 @@ def test_send_time_check_and_pinning(r: redis.Redis, monkeypatch: pytest.MonkeyP
     real_resolve = wh.resolve
 
     async def fake_resolve(policy: AddressPolicy, url: str, timeout_s: float = 5.0) -> Any:
-        return await real_resolve(policy, url.replace("rebind.invalid", "127.0.0.1"),
-                                  timeout_s)
+        """`rebind.invalid` resolves (once) to 127.0.0.1; any other lookup of it fails."""
+        scheme, host, port, ip = await real_resolve(
+            policy, url.replace("rebind.invalid", "127.0.0.1"), timeout_s)
+        return scheme, host.replace("127.0.0.1", "rebind.invalid"), port, ip
 
     monkeypatch.setattr(wh, "resolve", fake_resolve)
 
