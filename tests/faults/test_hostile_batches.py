@@ -82,7 +82,7 @@ def assert_completed(stack: Stack, ids: list[str]) -> None:
         b = wait_done(beta, batch_id)
         assert b.status == "completed", b
         assert b.request_counts is not None and b.request_counts.completed == 4, b
-        out = [json.loads(x) for x in beta.files.content(b.output_file_id or "").text.split()]
+        out = [json.loads(x) for x in beta.files.content(b.output_file_id or "").text.splitlines()]
         assert len(out) == 4, out
         assert all(x["response"]["status_code"] == 200 for x in out)
 
@@ -103,7 +103,7 @@ def test_poisoned_lines_fail_their_batch_alone(stack: Stack) -> None:
 
 
 def test_a_batch_that_raises_is_given_up_and_others_go_on(stack: Stack) -> None:
-    """A batch record the driver cannot process (fault injected: a corrupt expiry on the
+    """A batch record the driver cannot process (fault injected: a corrupt cursor on the
     batch that sorts first) raises on every try; after MAX_DRIVER_FAILURES it is failed,
     and the other tenant's batches complete meanwhile."""
     r = redis_of(stack)
@@ -114,9 +114,9 @@ def test_a_batch_that_raises_is_given_up_and_others_go_on(stack: Stack) -> None:
     r.hset(keys.batch(bad), mapping={
         "id": bad, "owner": "alpha", "endpoint": "/v1/chat/completions",
         "input_file_id": f.id, "completion_window": "24h", "status": "in_progress",
-        "created_at": repr(time.time()), "expires_at": "not a number",
+        "created_at": repr(time.time()), "expires_at": repr(time.time() + 3600),
         "output_file_id": "file-0000o", "error_file_id": "file-0000e", "total": "1",
-        "completed": "0", "failed": "0", "enqueued": "0", "cursor": "0"})
+        "completed": "0", "failed": "0", "enqueued": "0", "cursor": "not a number"})
     r.zadd(keys.tenant_batches("alpha"), {bad: time.time()})
     r.sadd(keys.BATCHES_PENDING, bad)
     after = beta_batches(stack)
