@@ -25,6 +25,7 @@ from shared.jobs import (
     IdemKey,
     TokenWrite,
 )
+from shared.schemas import JobErrorInfo
 from shared.scripts import Scripts
 from shared.settings import Settings
 
@@ -137,3 +138,9 @@ class AsyncJobStore:
 
     async def cancel(self, job_id: str, ttl: int | None = None) -> Cancelled:
         return await self._run(_cancel(self.s, job_id, ttl))
+
+    async def reject(self, job_id: str, fields: dict[str, str], *, tenant: str,
+                     error: JobErrorInfo, ttl: int) -> bool:
+        return await self._run(jobs.reject(job_id, fields, tenant=tenant, error=error,
+                                           now=time.time(), maxlen=self.s.stream_maxlen,
+                                           ttl=ttl))

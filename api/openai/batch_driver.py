@@ -29,6 +29,7 @@ from api.openai import files, protocol
 from api.openai.batch_store import BatchStore
 from shared import keys
 from shared.jobs import QueueFull, dumps
+from shared.schemas import JobErrorInfo
 
 log = logging.getLogger(__name__)
 
@@ -231,17 +232,24 @@ class BatchDriver:
                 continue
             # Checked (and tokenised) a second time on purpose: keeping the validation pass's
             # results would hold every line in memory, which is what this driver avoids.
-            custom_id, prepared = await self._check_line(h, raw)
-            extra = {"endpoint": h["endpoint"], "batch": batch_id, "custom_id": custom_id,
-                     "ttl": str(s.file_ttl_s)}
-            created, _, _ = await service.enqueue(self.state, h["owner"], prepared,
-                                                  job_id=line_job_id(batch_id, n),
-                                                  deadline=deadline, extra=extra)
+            try:
+                custom_id, prepared = await self._check_line(h, raw)
+            except RedisError:
+                raise
+            except Exception as exc:  # valid at validation, not now: that line fails alone
+                await self.reject(h, n, raw, exc)
+                created: object = None
+            else:
+                extra = {"endpoint": h["endpoint"], "batch": batch_id, "custom_id": custom_id,
+                         "ttl": str(s.file_ttl_s)}
+                created, _, _ = await service.enqueue(self.state, h["owner"], prepared,
+                                                      job_id=line_job_id(batch_id, n),
+                                                      deadline=deadline, extra=extra)
             if isinstance(created, QueueFull):
                 log.info("batch %s: queue full at line %d; continuing later", batch_id, n)
                 await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
                 return
-            cursor, done = n, done + 1  # CREATE counts `enqueued` itself, atomically
+            cursor, done = n, done + 1  # CREATE (or REJECT) counts `enqueued`, atomically
             if done % s.batch_chunk == 0:
                 await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
                 await self._keep_lease(batch_id)
@@ -249,6 +257,26 @@ class BatchDriver:
                     break  # cancelled: stop enqueuing; the sweep follows
         await self.r.hset(keys.batch(batch_id), mapping={"cursor": str(cursor),
                                                          "enqueue_done": "1"})
+
+    async def reject(self, h: dict[str, str], n: int, raw: bytes, exc: Exception) -> None:
+        """Line `n` ends `failed` without running: a line of the batch's error file (OpenAI's
+        shape, status 400) and one more in its `failed` count."""
+        err = exc if isinstance(exc, LineError) else LineError(
+            "invalid_request", f"the line could not be processed ({type(exc).__name__})")
+        log.warning("batch %s line %d: rejected at enqueue: %s", h["id"], n, err.message)
+        try:
+            custom_id = str(json.loads(raw).get("custom_id") or "")
+        except Exception:
+            custom_id = ""
+        job_id = line_job_id(h["id"], n)
+        fields = {"id": job_id, "owner": h["owner"], "model": "", "backend": "",
+                  "priority": "low", "state": "queued", "attempts": "0",
+                  "created_at": repr(time.time()), "request": "{}", "endpoint": h["endpoint"],
+                  "batch": h["id"], "custom_id": custom_id,
+                  "ttl": str(self.state.settings.file_ttl_s)}
+        await self.state.jobs.reject(job_id, fields, tenant=h["owner"],
+                                     error=JobErrorInfo(code=err.code, message=err.message),
+                                     ttl=self.state.settings.file_ttl_s)
 
     async def sweep_cancel(self, batch_id: str) -> None:
         """Queued lines end `cancelled` (counted by the job scripts); running ones finish."""

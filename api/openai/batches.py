@@ -209,8 +209,10 @@ def output_line(endpoint: str, rec: JobRecord, custom_id: str) -> dict[str, Any]
                          if rec.started_at is None else f"the request was {rec.state}"}
     else:
         err = rec.error
-        status = 400 if err is not None and err.code in (
-            "context_length_exceeded", "bad_request") else 500
+        # Refused before it ran (a line rejected at enqueue: attempts 0) or by the engine
+        # for the request itself: the client's error; anything else: the server's.
+        status = 400 if err is not None and (rec.attempts == 0 or err.code in (
+            "context_length_exceeded", "bad_request")) else 500
         line["response"] = {"status_code": status, "request_id": rec.id, "body": {"error": {
             "message": err.message if err else "failed", "type": "server_error"
             if status == 500 else "invalid_request_error", "code": err.code if err else None,

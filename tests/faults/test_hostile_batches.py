@@ -128,3 +128,38 @@ def test_a_batch_that_raises_is_given_up_and_others_go_on(stack: Stack) -> None:
     assert r.hget(keys.batch(bad), "driver_failures") == str(MAX_DRIVER_FAILURES)
     assert not r.sismember(keys.BATCHES_PENDING, bad)
     r.close()
+
+
+def test_a_line_that_fails_at_enqueue_fails_alone(stack: Stack) -> None:
+    """Lines pass validation, then fail when enqueued (fault injected: the batch is put
+    `in_progress` directly, as if validation had passed and then the model went away):
+    each such line becomes a line of the error file (OpenAI's shape, status 400) and is
+    counted as failed; the batch's other lines run and it completes."""
+    r = redis_of(stack)
+    alpha = client(stack, "alpha")
+    lines = [chat_line("ok-1", "hi", model=FAKE), chat_line("gone", "hi", model="no-such-model"),
+             "[" * 100_000, chat_line("ok-2", "hi", model=FAKE)]
+    f = alpha.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+    bid = "batch_0001"
+    r.hset(keys.batch(bid), mapping={
+        "id": bid, "owner": "alpha", "endpoint": "/v1/chat/completions",
+        "input_file_id": f.id, "completion_window": "24h", "status": "in_progress",
+        "created_at": repr(time.time()), "expires_at": repr(time.time() + 3600),
+        "output_file_id": "file-0001o", "error_file_id": "file-0001e", "total": "4",
+        "completed": "0", "failed": "0", "enqueued": "0", "cursor": "0"})
+    r.zadd(keys.tenant_batches("alpha"), {bid: time.time()})
+    r.sadd(keys.BATCHES_PENDING, bid)
+    after = beta_batches(stack, 1)
+    b = wait_done(alpha, bid)
+    assert b.status == "completed", b
+    assert b.request_counts is not None
+    assert (b.request_counts.completed, b.request_counts.failed) == (2, 2), b
+    errs = [json.loads(x) for x in alpha.files.content(b.error_file_id or "").text.splitlines()]
+    assert sorted(e["custom_id"] for e in errs) == ["", "gone"]
+    for e in errs:
+        body = e["response"]["body"]["error"]
+        assert e["response"]["status_code"] == 400 and body["message"], e
+    assert {e["response"]["body"]["error"]["code"] for e in errs} == {"model_not_found",
+                                                                      "invalid_json"}
+    assert_completed(stack, after)
+    r.close()
