@@ -141,6 +141,9 @@ class WebhookSender:
                 except redis.RedisError as exc:
                     log.warning("webhooks: %s", exc)
                     ids = []
+                except Exception:  # the sender must outlive anything (a bug included)
+                    log.exception("webhooks: claim failed")
+                    ids = []
                 for event_id in ids:
                     task = asyncio.create_task(self.deliver(http, event_id))
                     inflight.add(task)
