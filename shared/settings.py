@@ -306,23 +306,15 @@ class Settings(BaseSettings):
     @field_validator("served_models", "webhook_allow_hosts", mode="before")
     @classmethod
     def _names(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            text = v.strip()
-            if text.startswith("["):
-                return json.loads(text)
-            return [n.strip() for n in text.split(",") if n.strip()]
-        return v
+        return comma_list(v)
 
     @field_validator("webhook_secrets", mode="before")
     @classmethod
     def _secrets(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            text = v.strip()
-            if text.startswith("{"):
-                return json.loads(text)
-            pairs = (item.strip().partition(":") for item in text.split(",") if item.strip())
-            return {tenant.strip(): secret.strip() for tenant, _, secret in pairs}
-        return v
+        got = comma_list(v)
+        if isinstance(got, list):  # tenant:secret,…
+            return {t.strip(): x.strip() for t, _, x in (i.partition(":") for i in got)}
+        return got
 
     @model_validator(mode="after")
     def _webhook_secrets_are_standard(self) -> Settings:
@@ -368,6 +360,16 @@ class Settings(BaseSettings):
                 "TOKENQ_REDIS_URL is not set: run `tokenq up` (embedded Redis) or point it at one"
             )
         return self.redis_url
+
+
+def comma_list(v: Any) -> Any:
+    """A setting given as a string: JSON (`[…]`, `{…}`) or comma-separated items."""
+    if isinstance(v, str):
+        text = v.strip()
+        if text.startswith(("[", "{")):
+            return json.loads(text)
+        return [n.strip() for n in text.split(",") if n.strip()]
+    return v
 
 
 def config_file() -> Path | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import openai
 import pytest
+import redis
 
 from api.openai.batch_driver import MAX_DRIVER_FAILURES
 from cli.stack import Stack
@@ -87,6 +88,20 @@ def assert_completed(stack: Stack, ids: list[str]) -> None:
         assert all(x["response"]["status_code"] == 200 for x in out)
 
 
+def inject_batch(r: redis.Redis, batch_id: str, file_id: str, **fields: str) -> None:
+    """Fault injection: alpha's batch record written straight into Redis, `in_progress`
+    (validation skipped), pending for the drivers; `fields` override."""
+    n = batch_id.removeprefix("batch_")
+    r.hset(keys.batch(batch_id), mapping={
+        "id": batch_id, "owner": "alpha", "endpoint": "/v1/chat/completions",
+        "input_file_id": file_id, "completion_window": "24h", "status": "in_progress",
+        "created_at": repr(time.time()), "expires_at": repr(time.time() + 3600),
+        "output_file_id": f"file-{n}o", "error_file_id": f"file-{n}e", "total": "1",
+        "completed": "0", "failed": "0", "enqueued": "0", "cursor": "0", **fields})
+    r.zadd(keys.tenant_batches("alpha"), {batch_id: time.time()})
+    r.sadd(keys.BATCHES_PENDING, batch_id)
+
+
 def test_poisoned_lines_fail_their_batch_alone(stack: Stack) -> None:
     alpha = client(stack, "alpha")
     poisoned = create(alpha, POISONED)
@@ -111,14 +126,7 @@ def test_a_batch_that_raises_is_given_up_and_others_go_on(stack: Stack) -> None:
     alpha = client(stack, "alpha")
     f = alpha.files.create(file=("in.jsonl", jsonl([chat_line("a", "hi", model=FAKE)])),
                            purpose="batch")
-    r.hset(keys.batch(bad), mapping={
-        "id": bad, "owner": "alpha", "endpoint": "/v1/chat/completions",
-        "input_file_id": f.id, "completion_window": "24h", "status": "in_progress",
-        "created_at": repr(time.time()), "expires_at": repr(time.time() + 3600),
-        "output_file_id": "file-0000o", "error_file_id": "file-0000e", "total": "1",
-        "completed": "0", "failed": "0", "enqueued": "0", "cursor": "not a number"})
-    r.zadd(keys.tenant_batches("alpha"), {bad: time.time()})
-    r.sadd(keys.BATCHES_PENDING, bad)
+    inject_batch(r, bad, f.id, cursor="not a number")
     after = beta_batches(stack)
     assert_completed(stack, after)
     b = wait_done(alpha, bad)
@@ -141,14 +149,7 @@ def test_a_line_that_fails_at_enqueue_fails_alone(stack: Stack) -> None:
              "[" * 100_000, chat_line("ok-2", "hi", model=FAKE)]
     f = alpha.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
     bid = "batch_0001"
-    r.hset(keys.batch(bid), mapping={
-        "id": bid, "owner": "alpha", "endpoint": "/v1/chat/completions",
-        "input_file_id": f.id, "completion_window": "24h", "status": "in_progress",
-        "created_at": repr(time.time()), "expires_at": repr(time.time() + 3600),
-        "output_file_id": "file-0001o", "error_file_id": "file-0001e", "total": "4",
-        "completed": "0", "failed": "0", "enqueued": "0", "cursor": "0"})
-    r.zadd(keys.tenant_batches("alpha"), {bid: time.time()})
-    r.sadd(keys.BATCHES_PENDING, bid)
+    inject_batch(r, bid, f.id, total="4")
     after = beta_batches(stack, 1)
     b = wait_done(alpha, bid)
     assert b.status == "completed", b

@@ -10,6 +10,9 @@ Prompt markers steer it (only for tests; a real model has no such switches):
   [[crash]]      SIGKILL this worker process when the job is admitted (poison job)
   [[pad=N]]      pad each token's text to N bytes (to fill a slow client's buffers)
   [[stall=S]]    stop emitting for S seconds after the first token (a hung step)
+A JSON schema with a repetition over FAKE_GRAMMAR_CRASH kills the worker in
+check_grammar, as llama.cpp's grammar builder does (only where the API's budgets are
+lifted).
 
 A job with a LoRA adapter gets `[name@version]` before its first token's text, so
 tests of the adapter registry can see which version a job ran on; loading an
