@@ -109,12 +109,21 @@ def guard_grammar(rt: WorkerRuntime, job_id: str, attempt: int, params: Sampling
     check = getattr(rt.engine, "check_grammar", None)
     if params.json_schema is None or check is None:
         return
-    rt.store.mark_grammar(job_id, attempt)
+    try:
+        rt.store.mark_grammar(job_id, attempt)
+    except redis.RedisError:  # Redis away: run unguarded (max_attempts still bounds it)
+        log.warning("job %s: grammar mark not written (Redis unavailable)", job_id)
+        return
     try:
         check(params)
     except Exception:  # the engine refuses it again on admission, with the reason
         log.warning("job %s: its grammar does not compile", job_id, exc_info=True)
-    rt.store.clear_grammar(job_id)
+    try:
+        rt.store.clear_grammar(job_id)
+    except redis.RedisError:
+        # The mark stays: if this worker dies before the job ends, the job is failed as
+        # poison rather than retried; a job that ends normally never looks at it again.
+        log.warning("job %s: grammar mark not cleared (Redis unavailable)", job_id)
 
 
 def wait(rt: WorkerRuntime, job_id: str, attempt: int, handle: JobHandle) -> str:

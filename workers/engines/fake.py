@@ -104,8 +104,9 @@ class FakeEngine:
         if params.json_schema is None:
             return
         try:
-            estimate(params.json_schema, GrammarBudget(max_repeat=FAKE_GRAMMAR_CRASH,
-                                                       max_size=UNLIMITED))
+            estimate(params.json_schema, GrammarBudget(
+                max_repeat=FAKE_GRAMMAR_CRASH, max_depth=UNLIMITED, max_nodes=UNLIMITED,
+                max_enum=UNLIMITED, max_pattern=UNLIMITED, max_size=UNLIMITED))
         except SchemaOverBudget:
             log.error("grammar over %d repetitions; killing this worker", FAKE_GRAMMAR_CRASH)
             os.kill(os.getpid(), signal.SIGKILL)
