@@ -29,10 +29,11 @@ from api.errors import (
     QueueFull,
 )
 from api.idempotency import Idem
-from shared import jobs, keys, logs, tracing
+from shared import jobs, keys, logs, schema_budget, tracing, webhook_policy
 from shared.celery_app import task_message
 from shared.jobs import dumps
 from shared.models import select_backend
+from shared.schema_budget import GrammarBudget, SchemaOverBudget
 from shared.schemas import (
     JobAccepted,
     JobRecord,
@@ -52,7 +53,7 @@ def new_job_id() -> str:
 
 
 def resolve_params(req: JobRequest, cfg: ModelConfig, max_tokens_limit: int,
-                   max_stops: int) -> SamplingParams:
+                   max_stops: int, budget: GrammarBudget | None = None) -> SamplingParams:
     stops = req.stop_list()
     if len(stops) > max_stops:
         raise InvalidRequest(f"at most {max_stops} stop sequences", param="stop")
@@ -75,12 +76,15 @@ def resolve_params(req: JobRequest, cfg: ModelConfig, max_tokens_limit: int,
         frequency_penalty=req.frequency_penalty or 0.0,
         logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
         logprobs=req.logprobs,
-        json_schema=json_schema_of(req.response_format),
+        json_schema=json_schema_of(req.response_format, budget),
     )
 
 
-def json_schema_of(fmt: ResponseFormat | None) -> dict[str, Any] | None:
-    """OpenAI's response_format -> the JSON schema engines constrain decoding to."""
+def json_schema_of(fmt: ResponseFormat | None,
+                   budget: GrammarBudget | None = None) -> dict[str, Any] | None:
+    """OpenAI's response_format -> the JSON schema engines constrain decoding to. Every
+    schema (jobs, chat, completions, batch lines) passes here: over the grammar budgets
+    (shared/schema_budget.py) it is a 400 before anything is enqueued."""
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
@@ -91,11 +95,29 @@ def json_schema_of(fmt: ResponseFormat | None) -> dict[str, Any] | None:
         raise InvalidRequest("response_format.json_schema.schema must be a JSON schema object",
                              param="response_format")
     try:
+        schema_budget.estimate(schema, budget or GrammarBudget())
+    except SchemaOverBudget as exc:
+        raise InvalidRequest(f"response_format.json_schema.schema is over this server's "
+                             f"grammar budget at {exc.path}: {exc}", param="response_format",
+                             code="schema_too_complex") from exc
+    try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         raise InvalidRequest(f"response_format.json_schema.schema is not a valid JSON schema: "
                              f"{exc.message}", param="response_format") from exc
     return schema
+
+
+async def check_webhook_url(state: AppState, url: str) -> str:
+    """A webhook URL the workers may send to (shared/webhook_policy.py), else a 400; the
+    workers check it again when they send."""
+    try:
+        await webhook_policy.resolve(webhook_policy.AddressPolicy(
+            state.settings.webhook_allow_hosts), url)
+    except webhook_policy.UnsafeWebhook as exc:
+        raise InvalidRequest(str(exc), param="metadata.webhook_url",
+                             code="invalid_webhook_url") from exc
+    return url
 
 
 @dataclass(slots=True)
@@ -128,7 +150,8 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
         raise InvalidRequest(
             f"model {req.model!r} is an embedding model: use /v1/embeddings" if cfg.embedding
             else f"model {req.model!r} does not make embeddings", param="model")
-    params = resolve_params(req, cfg, s.api.max_tokens_limit, s.api.max_stop_sequences)
+    params = resolve_params(req, cfg, s.api.max_tokens_limit, s.api.max_stop_sequences,
+                            schema_budget.budget_of(s))
     backend = select_backend(cfg)
     context = cfg.context_length(backend)
     if req.input is not None:
@@ -163,7 +186,7 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
     if req.metadata:
         fields["metadata"] = dumps(req.metadata)
         if req.metadata.get("webhook_url"):
-            fields["webhook_url"] = req.metadata["webhook_url"]
+            fields["webhook_url"] = await check_webhook_url(state, req.metadata["webhook_url"])
     if adapter is not None:
         fields["adapter"] = adapter.name
         fields["adapter_version"] = str(adapter.id)

@@ -1,5 +1,5 @@
-"""`tokenq`: up, api, worker, autoscale, demo, bench, models, soak, hash-key; and the
-client commands `jobs` and `batch` (cli/client_cmds.py)."""
+"""`tokenq`: up, api, worker, autoscale, demo, bench, models, soak, hash-key,
+webhook-secret; and the client commands `jobs` and `batch` (cli/client_cmds.py)."""
 
 from __future__ import annotations
 
@@ -318,6 +318,20 @@ def hash_key(key: str) -> None:
     from api.auth import hash_key as sha
 
     typer.echo(f"sha256:{sha(key)} TENANT")
+
+
+@app.command("webhook-secret")
+def webhook_secret(tenant: str) -> None:
+    """Print TENANT's webhook signing secret (TOKENQ_WORKER__WEBHOOK_SECRETS, else derived from
+    TOKENQ_WORKER__WEBHOOK_SECRET): what the tenant's receiver verifies with."""
+    from shared.settings import get_settings
+    from shared.webhook_policy import tenant_secret
+
+    secret = tenant_secret(get_settings(), tenant)
+    if secret is None:
+        typer.echo("no webhook secret is configured (TOKENQ_WORKER__WEBHOOK_SECRET)", err=True)
+        raise typer.Exit(1)
+    typer.echo(secret)
 
 
 def main() -> None:

@@ -11,6 +11,7 @@
     requeue  (worker)  a job no message will deliver goes back on its queue (takeover,
                        lost message)
     handback (worker)  a draining worker puts its running job back (same takeover path)
+    reject   (api)     a batch line that cannot be enqueued: its record, ended `failed`
 
 The attempt check on every worker write is the fence: a worker that lost its lease
 (paused, partitioned) and comes back cannot write into a stream that a newer attempt
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from shared import keys
-from shared.schemas import JobSpec
+from shared.schemas import JobErrorInfo, JobSpec
 
 T = TypeVar("T")
 Arg = str | int | float
@@ -111,6 +112,7 @@ class SkipReason(enum.StrEnum):
     BUSY = "busy"  # a copy delivered while another attempt holds the lease
     EXPIRED = "expired"  # past its deadline: ended `expired` here
     EXHAUSTED = "exhausted"  # max_attempts reached: ended `failed` here
+    POISON = "poison"  # a worker died compiling its grammar: ended `failed` here
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +209,14 @@ def create(job_id: str, fields: dict[str, str], *, tenant: str, queue: str, mess
         script_keys.append(idem.redis_key)
         args += [idem.body_sha, idem.ttl_s]
     return Call("create", script_keys, args, _created)
+
+
+def reject(job_id: str, fields: dict[str, str], *, tenant: str, error: JobErrorInfo,
+           now: float, maxlen: int, ttl: int) -> Call[bool]:
+    """A batch line that could not be enqueued: its record, ended `failed` (never queued)."""
+    return Call("reject", [keys.job(job_id), keys.job_events(job_id), keys.RUNNING,
+                           keys.tenant_jobs(tenant)],
+                [dumps(fields), error.model_dump_json(), repr(now), maxlen, ttl], _flag)
 
 
 def acquire(job_id: str, *, worker: str, lease_ms: int, max_attempts: int, now: float,

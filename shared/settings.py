@@ -35,7 +35,7 @@ from pydantic_settings import (
 )
 
 from shared.settings_legacy import LegacyEnvSource, LegacyTomlSource
-from shared.settings_roles import ApiSettings, AutoscaleSettings, WorkerSettings
+from shared.settings_roles import ApiSettings, AutoscaleSettings, WorkerSettings, comma_list
 
 # `fake`: workers/engines/fake.py, a deterministic engine for the fault-injection tests.
 Backend = Literal["auto", "llama", "vllm", "fake"]
@@ -206,6 +206,11 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     tracing: bool = False
 
+    # Webhook receivers must be public addresses; these hosts or CIDRs are allowed besides
+    # (in-cluster receivers): `hooks.internal,10.0.0.0/8,127.0.0.1` (names match exactly).
+    # Read by the API (checked at submit) and by workers (checked again at send).
+    webhook_allow_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
     # Celery redelivers a message not acked within this (its worker died, or the job is
     # simply long: the lease makes such a copy drop itself). kombu looks for overdue
     # messages every unacked_restore_s (its default of ~100 s delayed takeover).
@@ -231,15 +236,10 @@ class Settings(BaseSettings):
             sources.append(LegacyTomlSource(settings_cls, toml_file=path))
         return tuple(sources)
 
-    @field_validator("served_models", mode="before")
+    @field_validator("served_models", "webhook_allow_hosts", mode="before")
     @classmethod
     def _names(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            text = v.strip()
-            if text.startswith("["):
-                return json.loads(text)
-            return [n.strip() for n in text.split(",") if n.strip()]
-        return v
+        return comma_list(v)
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:

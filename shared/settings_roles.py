@@ -6,9 +6,22 @@ stays top level in Settings (shared/settings.py).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import NoDecode
+
+
+def comma_list(v: Any) -> Any:
+    """A setting given as a string: JSON (`[…]`, `{…}`) or comma-separated items."""
+    if isinstance(v, str):
+        text = v.strip()
+        if text.startswith(("[", "{")):
+            return json.loads(text)
+        return [n.strip() for n in text.split(",") if n.strip()]
+    return v
 
 
 class ApiSettings(BaseModel):
@@ -55,6 +68,16 @@ class ApiSettings(BaseModel):
     file_ttl_s: int = 30 * 24 * 3600
     batch_chunk: int = 256  # lines validated/enqueued per Redis round trip
 
+    # Budgets on a JSON schema (response_format, job and batch lines, tool parameters)
+    # checked before anything is enqueued (shared/schema_budget.py): over one is a 400.
+    # llama.cpp segfaults compiling maxLength 20000 (docs/reliability.md); 0 lifts a budget.
+    schema_max_repeat: int = Field(default=1000, ge=0)  # min/max Length/Items, regex {m,n}
+    schema_max_depth: int = Field(default=32, ge=0)  # nesting of the schema document
+    schema_max_nodes: int = Field(default=1000, ge=0)  # objects (subschemas, properties)
+    schema_max_enum: int = Field(default=256, ge=0)  # values of one enum
+    schema_max_pattern: int = Field(default=512, ge=0)  # characters of one pattern
+    schema_max_grammar: int = Field(default=20_000, ge=0)  # estimated grammar size
+
 
 class WorkerSettings(BaseModel):
     """Read by worker processes only: ``TOKENQ_WORKER__<NAME>``."""
@@ -81,10 +104,41 @@ class WorkerSettings(BaseModel):
     # /metrics/targets); default: the bound address, or this host's IP if bound to all.
     metrics_host: str | None = None
 
-    # completion webhooks (metadata.webhook_url)
+    # completion webhooks (metadata.webhook_url); receivers allowed: webhook_allow_hosts
+    # (top level: the API checks it too). webhook_secret is the master secret
+    # (`whsec_<base64>`); a tenant's own secret is derived from it and the tenant's name
+    # (`tokenq webhook-secret TENANT`) unless webhook_secrets names one:
+    # `tenant:whsec_<base64>,…` (or a JSON object).
     webhook_secret: str | None = None
-    webhook_timeout_s: float = 5.0
+    webhook_secrets: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    webhook_timeout_s: float = 5.0  # each read
+    webhook_attempt_s: float = 10.0  # one attempt, connect to last byte, at most this
+    webhook_max_response_bytes: int = 65_536  # read of a receiver's answer, then closed
+    webhook_senders: int = Field(default=4, ge=1)  # deliveries in flight per worker
     webhook_max_attempts: int = 5
+
+    @field_validator("webhook_secrets", mode="before")
+    @classmethod
+    def _secrets(cls, v: Any) -> Any:
+        got = comma_list(v)
+        if isinstance(got, list):  # tenant:secret,…
+            return {t.strip(): x.strip() for t, _, x in (i.partition(":") for i in got)}
+        return got
+
+    @model_validator(mode="after")
+    def _webhook_secrets_are_standard(self) -> WorkerSettings:
+        """`whsec_<base64>` (Standard Webhooks), refused at start rather than at send."""
+        from shared.webhook_policy import secret_key
+
+        for name, secret in [("TOKENQ_WORKER__WEBHOOK_SECRET", self.webhook_secret),
+                             *((f"TOKENQ_WORKER__WEBHOOK_SECRETS[{t}]", x)
+                               for t, x in self.webhook_secrets.items())]:
+            if secret:
+                try:
+                    secret_key(secret)
+                except ValueError as exc:
+                    raise ValueError(f"{name}: {exc}") from exc
+        return self
 
 
 class AutoscaleSettings(BaseModel):

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import redis
 import redis.asyncio as aioredis
 
-from shared import jobs
+from shared import jobs, keys
 from shared.jobs import (
     AcquireResult,
     Appended,
@@ -25,6 +25,7 @@ from shared.jobs import (
     IdemKey,
     TokenWrite,
 )
+from shared.schemas import JobErrorInfo
 from shared.scripts import Scripts
 from shared.settings import Settings
 
@@ -103,6 +104,13 @@ class JobStore:
                  for job_id, attempt in leases]
         return [c.decode(x) for c, x in zip(calls, self._pipelined(calls), strict=True)]
 
+    def mark_grammar(self, job_id: str, attempt: int) -> None:
+        """This attempt is compiling the job's grammar (workers/tasks.guard_grammar)."""
+        self.r.hset(keys.job(job_id), "grammar_probe", str(attempt))
+
+    def clear_grammar(self, job_id: str) -> None:
+        self.r.hdel(keys.job(job_id), "grammar_probe")
+
     def requeue(self, job_id: str, queue: str, message: str) -> bool:
         return self._run(jobs.requeue(job_id, queue=queue, message=message))
 
@@ -131,3 +139,9 @@ class AsyncJobStore:
 
     async def cancel(self, job_id: str, ttl: int | None = None) -> Cancelled:
         return await self._run(_cancel(self.s, job_id, ttl))
+
+    async def reject(self, job_id: str, fields: dict[str, str], *, tenant: str,
+                     error: JobErrorInfo, ttl: int) -> bool:
+        return await self._run(jobs.reject(job_id, fields, tenant=tenant, error=error,
+                                           now=time.time(), maxlen=self.s.stream_maxlen,
+                                           ttl=ttl))

@@ -22,7 +22,8 @@ NO_WORKER_MODEL = "smollm2-noworker"  # never gets a worker in the session
 SMOL = "smollm2-135m-instruct"
 GEMMA = "gemma3-270m"
 EMBED = "all-minilm-l6-v2"
-WEBHOOK_SECRET = "whsec_tokenq_tests"
+# Standard Webhooks: whsec_<base64>
+WEBHOOK_SECRET = "whsec_dG9rZW5xLXRlc3RzLXdlYmhvb2sta2V5LTMyYnl0ZXM="
 MAX_BATCH_LINES = 300
 
 
@@ -79,6 +80,9 @@ def stack(stack_settings: Settings) -> Iterator[Stack]:
     os.environ.update(TOKENQ_WORKER__LEASE_TTL_S="4", TOKENQ_WORKER__HEARTBEAT_S="1",
                       TOKENQ_WORKER__RECONCILE_S="1", TOKENQ_WORKER__DRAIN_GRACE_S="1",
                       TOKENQ_WORKER__WEBHOOK_SECRET=WEBHOOK_SECRET,
+                      # the tests' receivers listen on loopback, which webhooks refuse
+                      # unless the operator allows it
+                      TOKENQ_WEBHOOK_ALLOW_HOSTS="127.0.0.1",
                       TOKENQ_API__MAX_BATCH_LINES=str(MAX_BATCH_LINES))
     st = Stack(stack_settings, port=free_port(), workers=1,
                models=[SMOL, GEMMA, EMBED, IDLE_MODEL, NO_WORKER_MODEL], quiet=True)

@@ -19,7 +19,7 @@ from celery.exceptions import Reject
 
 from shared import keys, logs, tracing
 from shared.jobs import Acquired, Ending, dumps
-from shared.schemas import EVENT_CANCELLED
+from shared.schemas import EVENT_CANCELLED, SamplingParams
 from workers.engines.base import EngineRequest
 from workers.publisher import JobHandle
 from workers.runtime import WorkerRuntime, runtime_of
@@ -87,8 +87,9 @@ def submit(rt: WorkerRuntime, job_id: str, got: Acquired) -> JobHandle:
     prefill prompt + the tokens clients already have, and number the new ones after them
     (no gap, no duplicate)."""
     token_ids, texts = emitted(rt.r, job_id) if got.attempt > 1 else ([], [])
-    handle = rt.publisher.track(job_id, got.attempt, emitted=texts)
     spec = got.spec
+    guard_grammar(rt, job_id, got.attempt, spec.params)
+    handle = rt.publisher.track(job_id, got.attempt, emitted=texts)
     try:
         rt.engine.submit(EngineRequest(
             job_id=job_id, attempt=got.attempt, prompt=spec.prompt, messages=spec.messages,
@@ -98,6 +99,31 @@ def submit(rt: WorkerRuntime, job_id: str, got: Acquired) -> JobHandle:
         rt.publisher.untrack(job_id)
         raise
     return handle
+
+
+def guard_grammar(rt: WorkerRuntime, job_id: str, attempt: int, params: SamplingParams) -> None:
+    """Compile the job's grammar once here, with the job marked `grammar_probe` meanwhile:
+    if that kills the process (a schema the API's budgets let through, llama.cpp
+    segfaulting), the mark outlives it and the next acquire fails the job as poison
+    (shared/lua/acquire.lua) instead of handing it to another worker to kill."""
+    check = getattr(rt.engine, "check_grammar", None)
+    if params.json_schema is None or check is None:
+        return
+    try:
+        rt.store.mark_grammar(job_id, attempt)
+    except redis.RedisError:  # Redis away: run unguarded (max_attempts still bounds it)
+        log.warning("job %s: grammar mark not written (Redis unavailable)", job_id)
+        return
+    try:
+        check(params)
+    except Exception:  # the engine refuses it again on admission, with the reason
+        log.warning("job %s: its grammar does not compile", job_id, exc_info=True)
+    try:
+        rt.store.clear_grammar(job_id)
+    except redis.RedisError:
+        # The mark stays: if this worker dies before the job ends, the job is failed as
+        # poison rather than retried; a job that ends normally never looks at it again.
+        log.warning("job %s: grammar mark not cleared (Redis unavailable)", job_id)
 
 
 def wait(rt: WorkerRuntime, job_id: str, attempt: int, handle: JobHandle) -> str:

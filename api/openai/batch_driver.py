@@ -29,10 +29,12 @@ from api.openai import files, protocol
 from api.openai.batch_store import BatchStore
 from shared import keys
 from shared.jobs import QueueFull, dumps
+from shared.schemas import JobErrorInfo
 
 log = logging.getLogger(__name__)
 
 MAX_REPORTED_ERRORS = 100
+MAX_DRIVER_FAILURES = 3  # tries of a batch whose processing raises, then it is given up
 
 
 def line_job_id(batch_id: str, line: int) -> str:
@@ -65,13 +67,44 @@ class BatchDriver:
                 for batch_id in await self.batches.pending():
                     if await self.batches.take_lease(batch_id):
                         try:
-                            await self.work(batch_id)
+                            await self.work_isolated(batch_id)
                         finally:
                             await self.batches.drop_lease(batch_id)
             except RedisError as exc:
                 log.warning("batch driver: %s; retrying", exc)
             except Exception:
                 log.exception("batch driver failed; retrying")
+
+    async def work_isolated(self, batch_id: str) -> None:
+        """`work`, where a batch that raises harms only itself: the next batches go on, and
+        after MAX_DRIVER_FAILURES tries it is given up (`failed`, or no more lines enqueued)
+        rather than retried every second for ever. A Redis error is nobody's fault: it is
+        raised, and every batch is tried again when Redis is back."""
+        try:
+            await self.work(batch_id)
+        except RedisError:
+            raise
+        except Exception as exc:
+            n = int(await self.r.hincrby(keys.batch(batch_id), "driver_failures", 1))
+            log.exception("batch %s: processing failed (%d of %d tries)", batch_id, n,
+                          MAX_DRIVER_FAILURES)
+            if n >= MAX_DRIVER_FAILURES:
+                await self.give_up(batch_id, exc)
+
+    async def give_up(self, batch_id: str, exc: Exception) -> None:
+        bk = keys.batch(batch_id)
+        status, enqueued = await self.r.hmget(bk, ["status", "enqueued"])
+        error = {"code": "batch_processing_failed", "param": None, "line": None,
+                 "message": f"the batch could not be processed ({type(exc).__name__}) after "
+                            f"{MAX_DRIVER_FAILURES} tries; lines not yet enqueued were not run"}
+        fields = {"errors": dumps({"object": "list", "data": [error]}), "enqueue_done": "1",
+                  "swept": "1"}
+        if status == "validating" or (status == "in_progress" and not int(enqueued or 0)):
+            fields.update(status="failed", failed_at=repr(time.time()))
+        await self.r.hset(bk, mapping=fields)  # type: ignore[arg-type]
+        if await self.batches.settle(batch_id) != "validating":
+            await self.batches.release(batch_id)
+        log.error("batch %s: given up (%s)", batch_id, status)
 
     def stop(self) -> None:
         self._stopping = True
@@ -100,6 +133,8 @@ class BatchDriver:
             line = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise LineError("invalid_json", f"the line is not valid JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise LineError("invalid_json", "the line is nested too deeply") from exc
         if not isinstance(line, dict):
             raise LineError("invalid_request", "each line must be a JSON object")
         custom_id = line.get("custom_id")
@@ -138,7 +173,7 @@ class BatchDriver:
         """Check every line; either the batch goes in_progress with its total, or failed."""
         s, batch_id = self.state.settings, h["id"]
         errors: list[dict[str, Any]] = []
-        total = 0
+        total = bad = 0
         seen = keys.batch_ids(batch_id)
         await self.r.delete(seen)
         async for n, raw in files.iter_lines(self.state, h["input_file_id"]):
@@ -153,13 +188,22 @@ class BatchDriver:
                     raise LineError("duplicate_custom_id",
                                     f"custom_id {custom_id!r} appears more than once",
                                     "custom_id")
-            except LineError as err:
+            except Exception as exc:  # every line's failure is that line's error
+                err = exc if isinstance(exc, LineError) else LineError(
+                    "invalid_request", f"the line could not be checked ({type(exc).__name__})")
+                if not isinstance(exc, LineError):
+                    log.warning("batch %s line %d: %r", batch_id, n, exc)
+                bad += 1
                 if len(errors) < MAX_REPORTED_ERRORS:
                     errors.append({"code": err.code, "message": err.message,
                                    "param": err.param, "line": n})
             if total % s.api.batch_chunk == 0:
                 await self._keep_lease(batch_id)
         await self.r.delete(seen)
+        if bad > len(errors):
+            errors.append({"code": "too_many_errors", "param": None, "line": None,
+                           "message": f"{bad} lines have errors; the first "
+                                      f"{MAX_REPORTED_ERRORS} are listed"})
         if total == 0:
             errors.append({"code": "empty_file", "message": "the input file has no lines",
                            "param": None, "line": None})
@@ -188,17 +232,24 @@ class BatchDriver:
                 continue
             # Checked (and tokenised) a second time on purpose: keeping the validation pass's
             # results would hold every line in memory, which is what this driver avoids.
-            custom_id, prepared = await self._check_line(h, raw)
-            extra = {"endpoint": h["endpoint"], "batch": batch_id, "custom_id": custom_id,
-                     "ttl": str(s.api.file_ttl_s)}
-            created, _, _ = await service.enqueue(self.state, h["owner"], prepared,
-                                                  job_id=line_job_id(batch_id, n),
-                                                  deadline=deadline, extra=extra)
+            try:
+                custom_id, prepared = await self._check_line(h, raw)
+            except RedisError:
+                raise
+            except Exception as exc:  # valid at validation, not now: that line fails alone
+                await self.reject(h, n, raw, exc)
+                created: object = None
+            else:
+                extra = {"endpoint": h["endpoint"], "batch": batch_id, "custom_id": custom_id,
+                         "ttl": str(s.api.file_ttl_s)}
+                created, _, _ = await service.enqueue(self.state, h["owner"], prepared,
+                                                      job_id=line_job_id(batch_id, n),
+                                                      deadline=deadline, extra=extra)
             if isinstance(created, QueueFull):
                 log.info("batch %s: queue full at line %d; continuing later", batch_id, n)
                 await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
                 return
-            cursor, done = n, done + 1  # CREATE counts `enqueued` itself, atomically
+            cursor, done = n, done + 1  # CREATE (or REJECT) counts `enqueued`, atomically
             if done % s.api.batch_chunk == 0:
                 await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
                 await self._keep_lease(batch_id)
@@ -206,6 +257,26 @@ class BatchDriver:
                     break  # cancelled: stop enqueuing; the sweep follows
         await self.r.hset(keys.batch(batch_id), mapping={"cursor": str(cursor),
                                                          "enqueue_done": "1"})
+
+    async def reject(self, h: dict[str, str], n: int, raw: bytes, exc: Exception) -> None:
+        """Line `n` ends `failed` without running: a line of the batch's error file (OpenAI's
+        shape, status 400) and one more in its `failed` count."""
+        err = exc if isinstance(exc, LineError) else LineError(
+            "invalid_request", f"the line could not be processed ({type(exc).__name__})")
+        log.warning("batch %s line %d: rejected at enqueue: %s", h["id"], n, err.message)
+        try:
+            custom_id = str(json.loads(raw).get("custom_id") or "")
+        except Exception:
+            custom_id = ""
+        job_id = line_job_id(h["id"], n)
+        fields = {"id": job_id, "owner": h["owner"], "model": "", "backend": "",
+                  "priority": "low", "state": "queued", "attempts": "0",
+                  "created_at": repr(time.time()), "request": "{}", "endpoint": h["endpoint"],
+                  "batch": h["id"], "custom_id": custom_id,
+                  "ttl": str(self.state.settings.file_ttl_s)}
+        await self.state.jobs.reject(job_id, fields, tenant=h["owner"],
+                                     error=JobErrorInfo(code=err.code, message=err.message),
+                                     ttl=self.state.settings.file_ttl_s)
 
     async def sweep_cancel(self, batch_id: str) -> None:
         """Queued lines end `cancelled` (counted by the job scripts); running ones finish."""

@@ -26,7 +26,7 @@ from typing import Any
 
 from redis.exceptions import WatchError
 
-from api import idempotency
+from api import idempotency, service
 from api.deps import AppState
 from api.errors import Conflict, IdempotencyInProgress, InvalidRequest, NotFound
 from api.idempotency import Idem
@@ -92,7 +92,7 @@ async def create(state: AppState, tenant: str, input_file_id: str, endpoint: str
     if metadata:
         h["metadata"] = dumps(metadata)
         if metadata.get("webhook_url"):
-            h["webhook_url"] = metadata["webhook_url"]
+            h["webhook_url"] = await service.check_webhook_url(state, metadata["webhook_url"])
     async with state.redis.pipeline(transaction=True) as pipe:
         if idem is not None:
             # The key and the batch are written in one MULTI, which fails if another
@@ -209,8 +209,10 @@ def output_line(endpoint: str, rec: JobRecord, custom_id: str) -> dict[str, Any]
                          if rec.started_at is None else f"the request was {rec.state}"}
     else:
         err = rec.error
-        status = 400 if err is not None and err.code in (
-            "context_length_exceeded", "bad_request") else 500
+        # Refused before it ran (a line rejected at enqueue: attempts 0) or by the engine
+        # for the request itself: the client's error; anything else: the server's.
+        status = 400 if err is not None and (rec.attempts == 0 or err.code in (
+            "context_length_exceeded", "bad_request")) else 500
         line["response"] = {"status_code": status, "request_id": rec.id, "body": {"error": {
             "message": err.message if err else "failed", "type": "server_error"
             if status == 500 else "invalid_request_error", "code": err.code if err else None,

@@ -2,8 +2,9 @@
 -- died) -> running with attempts + 1, our lease and a `started` event. Returns
 -- {'ok', attempt, spec, cancel_requested}, or {reason} when the job is not run:
 -- 'missing'; 'terminal' or 'busy' (a redelivered copy: counted in `duplicates` so the
--- duplicate is visible, and dropped); 'expired' (past its deadline) or 'exhausted'
--- (max_attempts reached), which end the job here.
+-- duplicate is visible, and dropped); 'expired' (past its deadline), 'poison' (a worker
+-- died compiling its grammar) or 'exhausted' (max_attempts reached), which end the job
+-- here.
 --#include terminal
 local job_key, events_key, lease_key, running_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local worker, lease_ms, max_attempts = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -31,6 +32,14 @@ local deadline = redis.call('HGET', job_key, 'deadline')
 if deadline and deadline ~= '' and tonumber(now) > tonumber(deadline) then
   fail('expired', 'expired', 'the job passed its deadline before it could run')
   return {'expired'}
+end
+-- A worker died compiling this job's grammar (workers/tasks.py guard_grammar marks the
+-- job meanwhile): the job is poison, failed here rather than killing the next worker.
+local probe = redis.call('HGET', job_key, 'grammar_probe')
+if probe then
+  fail('failed', 'grammar_crashed', 'the worker died while compiling the grammar of this ' ..
+       "job's JSON schema (attempt " .. probe .. '); the job is not retried')
+  return {'poison'}
 end
 local attempts = tonumber(redis.call('HGET', job_key, 'attempts') or '0')
 if attempts >= max_attempts then

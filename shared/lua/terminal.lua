@@ -4,10 +4,11 @@
 -- queued indexes. Key prefixes (written between at signs) come from shared/keys.py.
 
 -- Put a webhook event in the outbox (delivered by workers/webhooks.py).
-local function webhook(kind, obj_id, url, now)
+-- `tenant` picks the signing secret (each tenant has its own).
+local function webhook(kind, obj_id, url, tenant, now)
   local eid = 'evt_' .. redis.call('INCR', '@WEBHOOK_SEQ@')
   redis.call('HSET', '@WEBHOOK_PREFIX@' .. eid, 'url', url, 'type', kind, 'object_id', obj_id,
-             'created_at', now, 'attempts', 0)
+             'tenant', tenant or '', 'created_at', now, 'attempts', 0)
   redis.call('ZADD', '@WEBHOOKS@', now, eid)
 end
 
@@ -15,7 +16,7 @@ end
 -- Returns the batch's status (after settling), or false for a missing batch.
 local function batch_settle(bk, now)
   local b = redis.call('HMGET', bk, 'status', 'enqueued', 'enqueue_done', 'completed', 'failed',
-                       'expired', 'webhook_url', 'id')
+                       'expired', 'webhook_url', 'id', 'owner')
   if b[3] ~= '1' or (b[1] ~= 'in_progress' and b[1] ~= 'cancelling') then return b[1] end
   if (tonumber(b[4]) or 0) + (tonumber(b[5]) or 0) < (tonumber(b[2]) or 0) then return b[1] end
   local final = 'completed'
@@ -23,7 +24,7 @@ local function batch_settle(bk, now)
   elseif (tonumber(b[6]) or 0) > 0 then final = 'expired' end
   redis.call('HSET', bk, 'status', final, final .. '_at', now, 'finalizing_at', now)
   redis.call('SREM', '@BATCHES_PENDING@', b[8])
-  if b[7] then webhook('batch.' .. final, b[8], b[7], now) end
+  if b[7] then webhook('batch.' .. final, b[8], b[7], b[9], now) end
   return final
 end
 
@@ -31,8 +32,8 @@ end
 -- completion webhook. Returns the TTL the job's keys get: batch lines live as long as
 -- their batch's files, other jobs `default_ttl`.
 local function on_terminal(job_key, state, now, default_ttl)
-  local h = redis.call('HMGET', job_key, 'batch', 'id', 'webhook_url', 'ttl')
-  if h[3] then webhook('job.' .. state, h[2], h[3], now) end
+  local h = redis.call('HMGET', job_key, 'batch', 'id', 'webhook_url', 'ttl', 'owner')
+  if h[3] then webhook('job.' .. state, h[2], h[3], h[5], now) end
   if not h[1] then return default_ttl end
   local bk = '@BATCH_PREFIX@' .. h[1]
   if state == 'succeeded' then

@@ -26,6 +26,9 @@ SECURE_ENV = {
     "TOKENQ_API_KEYS": f"{KEYS['alpha']}:alpha,{KEYS['beta']}:beta,{KEYS['admin']}:ops:admin",
     "TOKENQ_API__SSE_SEND_TIMEOUT_S": "2", "TOKENQ_API__BODY_TIMEOUT_S": "2",
     "TOKENQ_API__MAX_BODY_BYTES": "200000",
+    # the default: webhooks to public addresses only (the session's real-model stack puts
+    # an allowlist for its loopback receivers in the environment)
+    "TOKENQ_WEBHOOK_ALLOW_HOSTS": "",
 }
 
 

@@ -177,6 +177,26 @@ def test_attempts_are_bounded(r: redis.Redis) -> None:
     assert events(r)[-1] == "error"
 
 
+def test_a_worker_dying_while_compiling_the_grammar_poisons_the_job(r: redis.Redis) -> None:
+    create(r)
+    assert attempt_of(acquire(r, "w1")) == 1
+    store(r).mark_grammar(JOB, 1)
+    r.delete(keys.job_lease(JOB))  # the grammar killed w1 before clear_grammar
+    assert acquire(r, "w2") == Skipped(SkipReason.POISON)
+    h = r.hgetall(keys.job(JOB))
+    assert h["state"] == "failed" and json.loads(h["error"])["code"] == "grammar_crashed"
+    assert h["attempts"] == "1" and events(r)[-1] == "error"
+
+
+def test_a_grammar_that_compiled_leaves_no_mark(r: redis.Redis) -> None:
+    create(r)
+    acquire(r, "w1")
+    store(r).mark_grammar(JOB, 1)
+    store(r).clear_grammar(JOB)
+    r.delete(keys.job_lease(JOB))  # the worker died later, for another reason
+    assert attempt_of(acquire(r, "w2")) == 2
+
+
 def test_deadline_passed_in_queue_expires(r: redis.Redis) -> None:
     create(r, deadline=time.time() - 1)
     assert acquire(r) == Skipped(SkipReason.EXPIRED)

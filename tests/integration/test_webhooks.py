@@ -15,9 +15,15 @@ import pytest
 
 from cli.stack import Stack
 from shared.redis_server import free_port
+from shared.settings import Settings
+from shared.webhook_policy import tenant_secret
 from tests.conftest import SMOL, WEBHOOK_SECRET
 from tests.integration.test_openai_batches import chat_line, jsonl, wait_status
 from workers.webhooks import verify
+
+# Without API keys every caller is tenant `default`: its secret is derived from the
+# stack's TOKENQ_WORKER__WEBHOOK_SECRET.
+DEFAULT_SECRET = tenant_secret(Settings(worker={"webhook_secret": WEBHOOK_SECRET}), "default") or ""
 
 
 class Receiver:
@@ -53,7 +59,7 @@ class Receiver:
             time.sleep(0.1)
         out = []
         for headers, body in self.events:
-            assert verify(WEBHOOK_SECRET, headers, body), headers
+            assert verify(DEFAULT_SECRET, headers, body), headers
             out.append(json.loads(body))
         return out
 
@@ -96,5 +102,5 @@ def test_signature_rejects_tampering() -> None:
                "webhook-signature": sign(WEBHOOK_SECRET, "evt_1", ts, body)}
     assert verify(WEBHOOK_SECRET, headers, body)
     assert not verify(WEBHOOK_SECRET, headers, body + b" ")
-    assert not verify("other-secret", headers, body)
+    assert not verify(DEFAULT_SECRET, headers, body)
     assert not verify(WEBHOOK_SECRET, {**headers, "webhook-timestamp": str(ts - 3600)}, body)

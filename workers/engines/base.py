@@ -84,7 +84,13 @@ class EngineStats:
 
 
 class Engine(Protocol):
-    """What a worker needs from an inference engine."""
+    """What a worker needs from an inference engine.
+
+    An engine that compiles JSON-schema grammars in its own process may also have
+    `check_grammar(params: SamplingParams) -> None`: compile the job's grammar once on
+    the caller's thread (workers/tasks.guard_grammar marks the job meanwhile, so a
+    grammar that crashes the process fails its job as poison instead of killing the
+    next worker)."""
 
     backend: str
     slots: int

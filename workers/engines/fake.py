@@ -10,6 +10,9 @@ Prompt markers steer it (only for tests; a real model has no such switches):
   [[crash]]      SIGKILL this worker process when the job is admitted (poison job)
   [[pad=N]]      pad each token's text to N bytes (to fill a slow client's buffers)
   [[stall=S]]    stop emitting for S seconds after the first token (a hung step)
+A JSON schema with a repetition over FAKE_GRAMMAR_CRASH kills the worker in
+check_grammar, as llama.cpp's grammar builder does (only where the API's budgets are
+lifted).
 
 A job with a LoRA adapter gets `[name@version]` before its first token's text, so
 tests of the adapter registry can see which version a job ran on; loading an
@@ -30,6 +33,8 @@ from typing import Any
 
 from shared.adapters import AdapterRef
 from shared.chat import count_tokens, prompt_text
+from shared.schema_budget import UNLIMITED, GrammarBudget, SchemaOverBudget, estimate
+from shared.schemas import SamplingParams
 from shared.settings import ModelConfig
 from workers.engines.base import (
     EngineRequest,
@@ -42,6 +47,7 @@ from workers.engines.base import (
 
 log = logging.getLogger(__name__)
 
+FAKE_GRAMMAR_CRASH = 10_000  # llama.cpp: maxLength 1000 compiles, 20000 segfaults
 _MARKER = re.compile(r"\[\[(crash|pad|stall)(?:=(\d+(?:\.\d+)?))?\]\]")
 
 
@@ -90,6 +96,20 @@ class FakeEngine:
 
     def cancel(self, job_id: str) -> None:
         self._inbox.put(("cancel", job_id))
+
+    def check_grammar(self, params: SamplingParams) -> None:
+        """As llama.cpp's grammar builder does (docs/reliability.md): a repetition past
+        FAKE_GRAMMAR_CRASH (e.g. maxLength 20000) takes the whole worker down. Only a stack
+        whose API budgets are lifted lets such a schema through."""
+        if params.json_schema is None:
+            return
+        try:
+            estimate(params.json_schema, GrammarBudget(
+                max_repeat=FAKE_GRAMMAR_CRASH, max_depth=UNLIMITED, max_nodes=UNLIMITED,
+                max_enum=UNLIMITED, max_pattern=UNLIMITED, max_size=UNLIMITED))
+        except SchemaOverBudget:
+            log.error("grammar over %d repetitions; killing this worker", FAKE_GRAMMAR_CRASH)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def stats(self) -> EngineStats:
         return EngineStats(running=len(self._active), waiting=len(self._waiting),

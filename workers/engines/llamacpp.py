@@ -38,6 +38,7 @@ import llama_cpp as ll
 import numpy as np
 
 from shared.adapters import AdapterRef
+from shared.schemas import SamplingParams
 from shared.settings import ModelConfig
 from shared.vocab import Vocab
 from workers.engines import logprobs
@@ -53,7 +54,7 @@ from workers.engines.base import (
 from workers.engines.budget import PrefillBudget
 from workers.engines.detok import Released, TextStream
 from workers.engines.llamacpp_lora import LoraSet, pick_group
-from workers.engines.llamacpp_sampling import Sampler
+from workers.engines.llamacpp_sampling import Sampler, check_grammar
 from workers.engines.llamacpp_seq import Seq, fork, share_prefill
 from workers.engines.llamacpp_slots import SlotPool
 
@@ -146,6 +147,11 @@ class LlamaCppEngine:
 
     def cancel(self, job_id: str) -> None:
         self._inbox.put(("cancel", job_id))
+
+    def check_grammar(self, params: SamplingParams) -> None:
+        """Compile the job's grammar once on the caller's thread (workers/grammar_guard.py)."""
+        if params.json_schema is not None:
+            check_grammar(self.vocab.vocab, params.json_schema)
 
     def load_adapter(self, ref: AdapterRef) -> int | None:
         fut: Future[None] = Future()

@@ -31,17 +31,33 @@ from shared.schemas import SamplingParams
 PENALTY_LAST_N = 64
 
 
+def compile_grammar(vocab: Any, schema: dict[str, Any]) -> Any:
+    """The llama.cpp grammar sampler of a JSON schema (the caller frees it). A schema past
+    the API's budgets can crash the process here (docs/reliability.md)."""
+    gbnf = json_schema_to_gbnf(json.dumps(schema))
+    grammar = ll.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
+    if not grammar:
+        raise ValueError("llama.cpp could not compile the grammar for this JSON schema")
+    return grammar
+
+
+def check_grammar(vocab: Any, schema: dict[str, Any]) -> None:
+    """Compile and free: what the worker runs (with the job marked) before the engine
+    thread compiles the same grammar for real."""
+    ll.llama_sampler_free(compile_grammar(vocab, schema))
+
+
 class Sampler:
     def __init__(self, vocab: Any, n_vocab: int, p: SamplingParams):
         self.n_vocab = n_vocab
         self.chain = self._chain(n_vocab, p)
         self.grammar: Any = None
         if p.json_schema is not None:
-            gbnf = json_schema_to_gbnf(json.dumps(p.json_schema))
-            self.grammar = ll.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
-            if not self.grammar:
+            try:
+                self.grammar = compile_grammar(vocab, p.json_schema)
+            except ValueError:
                 ll.llama_sampler_free(self.chain)
-                raise ValueError("llama.cpp could not compile the grammar for this JSON schema")
+                raise
             self._cands = (ll.llama_token_data * n_vocab)()
             self._view = np.ctypeslib.as_array(self._cands)
             self._ids = np.arange(n_vocab, dtype=np.int32)
