@@ -239,7 +239,8 @@ class Settings(BaseSettings):
     max_file_bytes: int = 100_000_000
     max_batch_lines: int = 50_000
     # Where uploaded file contents live: None = in Redis (every API replica sees them);
-    # a directory must then be shared by all replicas.
+    # a directory must then be shared by all replicas. In production set it (compose does,
+    # on its shared volume): the API warns at start when uploads would fill Redis' memory.
     files_dir: Path | None = None
     file_ttl_s: int = 30 * 24 * 3600
     batch_chunk: int = 256  # lines validated/enqueued per Redis round trip
@@ -268,6 +269,19 @@ class Settings(BaseSettings):
     autoscale_cooldown_s: float = 30.0
     autoscale_target_per_worker: int | None = None  # None: the engine's slots
 
+    # --- hostile tenants (issue 17): bounds one API key cannot get around ------------------
+    # The API's shared XREAD blocks this long (ms); its own connection's socket timeout is
+    # this plus 10 s, so an idle wait ends with Redis' empty reply, not a client timeout.
+    stream_block_ms: int = Field(default=5000, ge=100, le=60_000)
+    # Uploaded files per tenant: how many, and their bytes in all (0: no limit). Over it,
+    # an upload is refused with 403 `quota_exceeded`.
+    tenant_max_files: int = Field(default=1000, ge=0)
+    tenant_max_file_bytes: int = Field(default=10_000_000_000, ge=0)
+    # With TOKENQ_ENV=production, rate limits are on unless set explicitly (0 turns one
+    # off): these replace rate_limit_rps / tokens_per_min's dev default of 0.
+    production_rate_limit_rps: float = 20.0
+    production_tokens_per_min: int = 1_000_000
+
     @classmethod
     def settings_customise_sources(
         cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
@@ -290,6 +304,16 @@ class Settings(BaseSettings):
                 return json.loads(text)
             return [n.strip() for n in text.split(",") if n.strip()]
         return v
+
+    @model_validator(mode="after")
+    def _production_defaults(self) -> Settings:
+        """Production: rate limits on unless the operator set them (0 included)."""
+        if self.env == "production":
+            if "rate_limit_rps" not in self.model_fields_set:
+                self.rate_limit_rps = self.production_rate_limit_rps
+            if "tokens_per_min" not in self.model_fields_set:
+                self.tokens_per_min = self.production_tokens_per_min
+        return self
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:

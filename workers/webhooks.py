@@ -26,7 +26,7 @@ import time
 import httpx
 import redis
 
-from shared import keys
+from shared import keys, logs
 from shared.scripts import Scripts
 from shared.settings import Settings
 
@@ -134,12 +134,13 @@ class WebhookSender:
         try:
             ok = self._http.post(h["url"], content=body, headers=headers).is_success
         except httpx.HTTPError as exc:
-            log.info("webhook %s to %s: %s", event_id, h["url"], exc)
+            log.info("webhook %s to %s: %s", event_id, logs.url_host(h["url"]),
+                     type(exc).__name__)
             ok = False
         if ok:
             self.outbox.delivered(event_id)
             return
         attempts = self.outbox.failed(event_id, self.s.webhook_max_attempts)
         if attempts >= self.s.webhook_max_attempts:
-            log.warning("webhook %s to %s: giving up after %d attempts", event_id, h["url"],
-                        attempts)
+            log.warning("webhook %s to %s: giving up after %d attempts", event_id,
+                        logs.url_host(h["url"]), attempts)

@@ -22,8 +22,10 @@ from shared.schemas import (
     JobRecord,
     JobRequest,
     LogitBias,
+    Metadata,
     Priority,
     ResponseFormat,
+    Seed,
 )
 
 log = logging.getLogger(__name__)
@@ -50,14 +52,14 @@ class _Common(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     # Choices: n sibling jobs on the same prompt (see serving.py).
     n: int | None = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: LogitBias | None = None
     user: str | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     priority: Priority | None = None  # tokenq extension; batch lines run at `low`
 
     @model_validator(mode="after")
