@@ -70,6 +70,10 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
         preload = asyncio.create_task(state.counter.preload(state.models),
                                       name="tokenq-vocab-preload")
         app.state.tokenq = state
+        if settings.env == "production" and settings.files_dir is None:
+            log.warning("uploaded files are kept in Redis' memory: set TOKENQ_FILES_DIR to a "
+                        "directory every API replica shares (per-tenant quotas: "
+                        "TOKENQ_TENANT_MAX_FILES, TOKENQ_TENANT_MAX_FILE_BYTES)")
         if not state.api_keys:
             log.warning("no API keys configured: every caller is tenant 'default' (admin); "
                         "serve on loopback only")

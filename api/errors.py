@@ -94,6 +94,14 @@ class IdempotencyInProgress(Conflict):
     code = "idempotency_key_in_progress"
 
 
+class QuotaExceeded(TokenqError):
+    """A tenant's stored files are at its quota (403: retrying does not help; delete some)."""
+
+    status = 403
+    type = "invalid_request_error"
+    code = "quota_exceeded"
+
+
 class PayloadTooLarge(TokenqError):
     """Body over the configured limit (413)."""
 

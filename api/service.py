@@ -82,6 +82,7 @@ def resolve_params(req: JobRequest, cfg: ModelConfig, max_tokens_limit: int,
         logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
         logprobs=req.logprobs,
         json_schema=json_schema_of(req.response_format),
+        cache_prompt=req.cache_prompt is not False,
     )
 
 

@@ -105,6 +105,9 @@ class SamplingParams(BaseModel):
     # response_format json_object). llama.cpp turns it into a grammar, vLLM into
     # structured-output params. None = free text.
     json_schema: dict[str, Any] | None = None
+    # llama-server's `cache_prompt`: False = prefill this job's prompt afresh (no cached
+    # prefix reused), so a greedy job gives the same text whatever ran before it.
+    cache_prompt: bool = True
 
 
 class JobRequest(BaseModel):
@@ -132,6 +135,8 @@ class JobRequest(BaseModel):
     seed: Seed | None = None
     priority: Priority = "normal"
     response_format: ResponseFormat | None = None
+    # llama-server's name and default: reuse a cached prompt prefix (llama.cpp engine).
+    cache_prompt: bool | None = None
     metadata: Metadata | None = None
     # Unix time after which the job must not start: still queued then, it ends `expired`.
     deadline: float | None = Field(default=None, gt=0)

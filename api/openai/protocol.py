@@ -61,6 +61,7 @@ class _Common(BaseModel):
     user: str | None = None
     metadata: Metadata | None = None
     priority: Priority | None = None  # tokenq extension; batch lines run at `low`
+    cache_prompt: bool | None = None  # llama-server's extension (default true)
 
     @model_validator(mode="after")
     def _supported(self) -> _Common:
@@ -77,7 +78,8 @@ class _Common(BaseModel):
             repetition_penalty=self.repetition_penalty, stop=self.stop, seed=self.seed,
             min_p=self.min_p, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias,
-            priority=self.priority or "normal", metadata=self.metadata, **kw)
+            priority=self.priority or "normal", metadata=self.metadata,
+            cache_prompt=self.cache_prompt, **kw)
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)

@@ -272,9 +272,12 @@ class LlamaCppEngine:
                         "context_length_exceeded", f"prompt has {len(prompt)} tokens; this "
                         f"worker's context is {self.n_ctx_seq}"))
                 continue
-            seq_id, reused = self._take_slot(tokens, group)
+            # cache_prompt false: a fresh prefill (no cached prefix, no sibling's KV), so a
+            # greedy job's text does not depend on what ran before it.
+            fresh = not req.params.cache_prompt
+            seq_id, reused = self._take_slot(tokens, group, fresh)
             leader = (find_leader(self._active.values(), tokens, group)
-                      if reused < len(tokens) // 2 else None)
+                      if reused < len(tokens) // 2 and not fresh else None)
             if leader is not None:  # n choices: one prefill, then a copy of its KV
                 ll.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
                 reused = 0
@@ -296,13 +299,14 @@ class LlamaCppEngine:
                 emitted=len(req.resume_token_ids), history=list(tokens), group=group,
                 leader=leader)
 
-    def _take_slot(self, tokens: list[int], group: int) -> tuple[int, int]:
+    def _take_slot(self, tokens: list[int], group: int, fresh: bool = False
+                   ) -> tuple[int, int]:
         """The free slot whose cached KV shares the longest prefix with `tokens`, and how many
         of its cells are kept (llama-server's prompt cache: a post-call template or a long
         system prompt is prefilled once per slot, not once per job). Only cells computed
         with the same adapter version count: another adapter's KV is different KV."""
         best, best_len = self._free_ids[0], 0
-        if self.cfg.prefix_cache:
+        if self.cfg.prefix_cache and not fresh:
             for sid in self._free_ids:
                 cached_group, cached = self._cached.get(sid, (BASE, []))
                 if cached_group != group:
