@@ -64,7 +64,8 @@ class Principal:
                    metrics=admin or "metrics" in roles)
 
 
-ANONYMOUS = Principal(DEFAULT_TENANT, admin=True, high=True, metrics=True)  # only when no keys are configured
+# Only when no keys are configured.
+ANONYMOUS = Principal(DEFAULT_TENANT, admin=True, high=True, metrics=True)
 
 
 def hash_key(key: str) -> str:

@@ -231,7 +231,7 @@ def install(app: FastAPI) -> None:
                         else None)
 
     @app.exception_handler(RecursionError)
-    async def _nested(_: Request, exc: RecursionError) -> JSONResponse:
+    async def _nested(_: Request, __: RecursionError) -> JSONResponse:
         return envelope(400, "the request is nested too deeply", "invalid_request_error",
                         "invalid_request")
 

@@ -45,8 +45,8 @@ HUB_TIMEOUT_MARGIN_S = 10.0
 
 
 # A stream entry id exactly as Redis writes them: `<ms>-<seq>`, ASCII digits, each part
-# at most 2^64-1. Python's int() is far looser (`1_0`, ` 1`, `+1`, `١`): every cursor a
-# client sends is checked against this before it can reach the shared XREAD.
+# at most 2^64-1. Python's int() is far looser (`1_0`, ` 1`, `+1`, Arabic-Indic digits):
+# every cursor a client sends is checked against this before it can reach the shared XREAD.
 _ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
 _U64 = 2**64 - 1
 
@@ -145,7 +145,9 @@ class StreamHub:
                 await self._drop_bad_cursors()
                 continue
             except RedisTimeoutError as exc:
-                log.debug("stream hub: XREAD timed out (%s); again", exc)
+                # Not an idle wait (that ends at BLOCK with an empty reply): Redis gave no
+                # answer for BLOCK + the margin.
+                log.warning("stream hub: Redis did not answer XREAD in time (%s); again", exc)
                 continue
             except RedisError as exc:
                 log.warning("stream hub: XREAD failed (%s); retrying", exc)

@@ -34,7 +34,7 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def test_production_without_keys_refuses_every_entry_point(tmp_path: Path) -> None:
+def test_production_without_keys_refuses_every_entry_point() -> None:
     """The documented uvicorn factory, the API module and the CLI: each exits non-zero
     naming the missing keys, and none ever listens."""
     port = free_port()

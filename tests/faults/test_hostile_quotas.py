@@ -101,9 +101,9 @@ BAD: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize(("route", "name", "body"), BAD, ids=[f"{r} {n}" for r, n, _ in BAD])
-def test_over_limit_fields_are_400(hostile: Stack, route: str, name: str,
-                                   body: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("route", "body"), [(r, b) for r, _, b in BAD],
+                         ids=[f"{r} {n}" for r, n, _ in BAD])
+def test_over_limit_fields_are_400(hostile: Stack, route: str, body: dict[str, Any]) -> None:
     with client(hostile, "alpha") as alpha:
         assert_envelope(alpha.post(route, json=body), 400)
 

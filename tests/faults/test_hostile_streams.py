@@ -21,10 +21,12 @@ from tests.faults.test_abusive_input import assert_envelope
 __all__ = ["hostile", "hredis"]  # fixtures, used by name
 
 # Each was accepted by Python's int() (or by Redis) before: none is an id we ever write.
-BAD_IDS = ["1_0-0", "-1", "1-2-3", "1-", "-", "0x10-0", "+1-0", " 1-0", "1-0 ", "1.5-0",
+BAD_IDS = ["1_0-0", "-1", "1-2-3", "1-", "-", "0x10-0", "+1-0", "1.5-0",
            "99999999999999999999999-0", "18446744073709551616-0", "1-18446744073709551616",
            "1e3-0", "1", "0-0-0", "1--1"]
-UNICODE_IDS = ["١٢٣-٠", "１-０", "1-0\n", "1-0\x00"]  # query parameter only (not in headers)
+# Arabic-Indic and fullwidth digits, a newline, a NUL, spaces: as a query parameter only
+# (a header cannot carry them).
+UNICODE_IDS = ["\u0661\u0662-\u0660", "\uff11-\uff10", "1-0\n", "1-0\x00", " 1-0", "1-0 "]
 
 
 def test_malformed_last_event_id_is_400_and_the_victim_finishes(
@@ -85,8 +87,7 @@ def test_a_cursor_redis_refuses_ends_only_its_subscribers(
     check_exactly_once(hredis, [good], 200)
 
 
-def test_resume_at_or_after_the_terminal_event_is_204(hostile: Stack,
-                                                      hredis: redis.Redis) -> None:
+def test_resume_at_or_after_the_terminal_event_is_204(hostile: Stack) -> None:
     with client(hostile, "alpha") as alpha:
         job = submit(alpha, 1, 20)[0]
         events = list(stream_events(alpha, job, timeout=60))
@@ -130,7 +131,7 @@ def test_idle_subscription_logs_no_timeouts(hostile: Stack) -> None:
                     break
         alpha.delete(f"/v1/jobs/{idle}")
     new = logs_of(hostile).get("api.log", "")[len(before):]
-    for bad in ("Timeout reading", "XREAD failed", "XREAD refused", "Traceback"):
+    for bad in ("Timeout reading", "XREAD", "Traceback"):
         assert bad not in new, new[-2000:]
 
 
