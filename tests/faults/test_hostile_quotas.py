@@ -128,3 +128,15 @@ def test_response_schema_stored_once(hostile: Stack, hredis: redis.Redis) -> Non
         rec = alpha.get(f"/v1/jobs/{job}").json()
         assert rec["request"]["response_format"]["json_schema"]["schema"] == schema
         assert json.loads(raw["spec"])["params"]["json_schema"] == schema
+
+
+def test_cache_prompt_reaches_the_engine_spec(hostile: Stack, hredis: redis.Redis) -> None:
+    """llama-server's per-request switch, on the native and OpenAI routes (default true)."""
+    with client(hostile, "alpha") as alpha:
+        off = submit(alpha, 1, 2, cache_prompt=False)[0]
+        on = submit(alpha, 1, 2)[0]
+        chat = alpha.post("/v1/chat/completions", json={**CHAT, "cache_prompt": False})
+        assert chat.status_code == 200
+    for job, want in ((off, False), (on, True), (chat.headers["X-Tokenq-Job-Id"], False)):
+        spec = json.loads(hredis.hget(keys.job(job), "spec") or "{}")
+        assert spec["params"]["cache_prompt"] is want, job
