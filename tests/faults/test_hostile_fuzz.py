@@ -22,8 +22,8 @@ __all__ = ["hostile"]  # fixture, used by name
 
 SEED = int(os.environ.get("TOKENQ_FUZZ_SEED", "17"))
 N = int(os.environ.get("TOKENQ_FUZZ_N", "2400"))
-BODY_LIMIT = 200_000
-NO_TOKENIZER = 1503  # a 503 `no_tokenizer`: the fake model has no tokenizer (not a fault)  # the hostile stack's TOKENQ_MAX_BODY_BYTES
+BODY_LIMIT = 200_000  # the hostile stack's TOKENQ_MAX_BODY_BYTES
+NO_TOKENIZER = 1503  # a 503 `no_tokenizer`: the fake model has no tokenizer (not a fault)
 MSG = [{"role": "user", "content": "hi"}]
 # A valid body per JSON route (model FAKE, a few tokens): the fuzzer mutates these.
 BASES: dict[str, dict[str, Any]] = {
