@@ -58,7 +58,7 @@ def test_file_quota_per_tenant(hostile: Stack) -> None:
         assert upload(alpha, 100).status_code == 200
 
 
-def test_rate_limits_on_by_default_in_production() -> None:
+def test_rate_limits_on_by_default_in_production(monkeypatch: pytest.MonkeyPatch) -> None:
     url = "redis://:pw@redis.internal:6379/0"
     prod = Settings(env="production", redis_url=url)
     assert prod.rate_limit_rps == prod.production_rate_limit_rps > 0
@@ -67,6 +67,9 @@ def test_rate_limits_on_by_default_in_production() -> None:
     assert off.rate_limit_rps == 0 and off.tokens_per_min == 0  # the operator's choice
     dev = Settings()
     assert dev.rate_limit_rps == 0 and dev.tokens_per_min == 0
+    monkeypatch.setenv("TOKENQ_RATE_LIMIT_RPS", "0")  # set as a variable: still the choice
+    from_env = Settings(env="production", redis_url=url)
+    assert from_env.rate_limit_rps == 0 and from_env.tokens_per_min > 0
 
 
 META_17 = {f"k{i}": "v" for i in range(17)}
