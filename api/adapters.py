@@ -36,11 +36,12 @@ async def list_records(r: aioredis.Redis) -> list[AdapterRecord]:
     return [AdapterRecord.model_validate_json(v) for _, v in sorted(raw.items())]
 
 
-async def resolve(state: AppState, model: str) -> tuple[str, AdapterRef] | None:
-    """`model` names a loaded adapter: (its base model, the version a new job gets)."""
+async def resolve(state: AppState, model: str, tenant: str) -> tuple[str, AdapterRef] | None:
+    """`model` names a loaded adapter `tenant` may use (its own, or shared): (its base
+    model, the version a new job gets). None otherwise: absent and not yours look alike."""
     rec = await get_record(state.redis, model)
     ref = rec.ref() if rec is not None else None
-    if rec is None or ref is None or rec.base not in state.models:
+    if rec is None or ref is None or rec.base not in state.models or not rec.usable_by(tenant):
         return None
     return rec.base, ref
 
@@ -66,7 +67,7 @@ async def _update(r: aioredis.Redis, name: str, change: Any) -> AdapterRecord:
 
 
 async def load(state: AppState, name: str, base: str, path: str,
-               wait_s: float) -> dict[str, Any]:
+               wait_s: float, owner: str, shared: bool) -> dict[str, Any]:
     if name in state.models:
         raise InvalidRequest(f"{name!r} is a base model's name", param="name")
     cfg = state.models.get(base)
@@ -82,6 +83,7 @@ async def load(state: AppState, name: str, base: str, path: str,
             raise Conflict(f"adapter {name!r} belongs to {rec.base!r}; unload it there or "
                            "pick another name", param="name")
         rec.load(vid, path)
+        rec.owner, rec.shared = owner, shared
         return rec
 
     started = time.monotonic()

@@ -23,7 +23,7 @@ from api.limits import BodyLimit
 from api.openai.batch_driver import BatchDriver
 from api.ratelimit import RateLimits
 from api.routes import adapters, admin, batches, files, jobs, openai, ops, playground, tokenize
-from api.streams import StreamHub
+from api.streams import StreamHub, hub_client
 from api.tokens import PromptCounter
 from shared import tracing
 from shared.celery_app import create_celery
@@ -53,7 +53,8 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
             retry_on_error=[RedisConnectionError, RedisTimeoutError])
         tracing.setup(settings.tracing, "tokenq-api")
-        hub = StreamHub(r)
+        hub_redis = hub_client(settings.require_redis_url(), settings.api.stream_block_ms)
+        hub = StreamHub(hub_redis, block_ms=settings.api.stream_block_ms)
         await hub.start()
         state = AppState(
             settings=settings, redis=r, hub=hub, celery=create_celery(settings),
@@ -69,6 +70,10 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
         preload = asyncio.create_task(state.counter.preload(state.models),
                                       name="tokenq-vocab-preload")
         app.state.tokenq = state
+        if settings.env == "production" and settings.api.files_dir is None:
+            log.warning("uploaded files are kept in Redis' memory: set TOKENQ_API__FILES_DIR to a "
+                        "directory every API replica shares (per-tenant quotas: "
+                        "TOKENQ_API__TENANT_MAX_FILES, TOKENQ_API__TENANT_MAX_FILE_BYTES)")
         if not state.api_keys:
             log.warning("no API keys configured: every caller is tenant 'default' (admin); "
                         "serve on loopback only")
@@ -80,6 +85,7 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(driver_task, timeout=5)
             await hub.stop()
+            await hub_redis.aclose()
             await state.raw.aclose()
             await r.aclose()
 

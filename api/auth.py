@@ -3,9 +3,11 @@
 Keys come from `TOKENQ_API_KEYS` (`key:tenant[:admin],…`, for dev and tests) and/or a
 keys file (`TOKENQ_API__KEYS_FILE`) holding only SHA-256 hashes, one key a line:
 
-    # sha256 of the key          tenant   [admin]
+    # sha256 of the key          tenant   [roles: admin | high | metrics]
     sha256:9f86d081884c7d65...   acme
     sha256:60303ae22b998861...   ops      admin
+    sha256:2c26b46b68ffc68f...   rush     high
+    sha256:fcde2b2edba56bf4...   prom     metrics
 
 Both are kept as hash -> Principal, so a presented key is hashed and looked up; the
 process never needs the plain keys of a file. (`tokenq hash-key KEY` prints a line.)
@@ -39,13 +41,31 @@ PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/
                           "/docs/oauth2-redirect", "/playground"})
 
 
+# Roles a key may carry besides its tenant: `admin` (every admin route, and all below),
+# `high` (may submit `priority: high`), `metrics` (Prometheus: /metrics/targets).
+ROLES = frozenset({"admin", "high", "metrics"})
+
+
 @dataclass(frozen=True)
 class Principal:
     tenant: str
     admin: bool = False
+    high: bool = False  # may use `priority: high`
+    metrics: bool = False  # may read /metrics/targets (workers' addresses)
+
+    @classmethod
+    def of(cls, tenant: str, roles: list[str], where: str) -> Principal:
+        unknown = set(roles) - ROLES
+        if unknown:
+            raise ValueError(f"{where}: unknown role {sorted(unknown)[0]!r}; roles are "
+                             f"{', '.join(sorted(ROLES))}")
+        admin = "admin" in roles
+        return cls(tenant, admin=admin, high=admin or "high" in roles,
+                   metrics=admin or "metrics" in roles)
 
 
-ANONYMOUS = Principal(DEFAULT_TENANT, admin=True)  # only when no keys are configured
+# Only when no keys are configured.
+ANONYMOUS = Principal(DEFAULT_TENANT, admin=True, high=True, metrics=True)
 
 
 def hash_key(key: str) -> str:
@@ -53,18 +73,20 @@ def hash_key(key: str) -> str:
 
 
 def parse_keys(raw: str | None) -> dict[str, Principal]:
-    """`key:tenant[:admin],…` -> {sha256(key): Principal}."""
+    """`key:tenant[:role[+role]],…` -> {sha256(key): Principal}."""
     out: dict[str, Principal] = {}
     for item in (raw or "").split(","):
         key, _, rest = item.strip().partition(":")
         tenant, _, role = rest.partition(":")
         if key:
-            out[hash_key(key)] = Principal(tenant or DEFAULT_TENANT, admin=role == "admin")
+            out[hash_key(key)] = Principal.of(tenant or DEFAULT_TENANT,
+                                              [r for r in role.split("+") if r],
+                                              "TOKENQ_API_KEYS")
     return out
 
 
 def load_keys_file(path: Path) -> dict[str, Principal]:
-    """Lines of `sha256:<hex> tenant [admin]`; `#` starts a comment."""
+    """Lines of `sha256:<hex> tenant [role ...]`; `#` starts a comment."""
     out: dict[str, Principal] = {}
     for n, line in enumerate(path.read_text().splitlines(), 1):
         parts = line.split("#", 1)[0].split()
@@ -73,8 +95,8 @@ def load_keys_file(path: Path) -> dict[str, Principal]:
         digest = parts[0].removeprefix("sha256:").lower()
         if len(parts) < 2 or len(digest) != 64 or any(c not in "0123456789abcdef"
                                                        for c in digest):
-            raise ValueError(f"{path}:{n}: expected 'sha256:<64 hex> tenant [admin]'")
-        out[digest] = Principal(parts[1], admin=len(parts) > 2 and parts[2] == "admin")
+            raise ValueError(f"{path}:{n}: expected 'sha256:<64 hex> tenant [role ...]'")
+        out[digest] = Principal.of(parts[1], parts[2:], f"{path}:{n}")
     return out
 
 

@@ -38,6 +38,12 @@ class AppState:
     redis_raw: aioredis.Redis | None = None
     background: dict[str, Any] = field(default_factory=dict)  # long-lived tasks (batch driver)
 
+    def may_use_high(self, tenant: str) -> bool:
+        """`priority: high` is a per-tenant permission (a key with the `high` or `admin`
+        role); without keys (dev) everyone is the admin tenant."""
+        return not self.api_keys or any(p.high and p.tenant == tenant
+                                         for p in self.api_keys.values())
+
     @property
     def raw(self) -> aioredis.Redis:
         assert self.redis_raw is not None, "redis_raw is made in the app's lifespan"
@@ -79,3 +85,13 @@ def require_admin(principal: PrincipalDep) -> Principal:
 
 
 AdminDep = Annotated[Principal, Depends(require_admin)]
+
+
+def require_metrics(principal: PrincipalDep) -> Principal:
+    """Prometheus' service discovery (workers' addresses): an admin or `metrics` key."""
+    if not principal.metrics:
+        raise Forbidden("this route needs an admin or metrics API key")
+    return principal
+
+
+MetricsDep = Annotated[Principal, Depends(require_metrics)]

@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -91,6 +92,14 @@ class IdempotencyInProgress(Conflict):
     """The first request with this Idempotency-Key has not finished yet (409)."""
 
     code = "idempotency_key_in_progress"
+
+
+class QuotaExceeded(TokenqError):
+    """A tenant's stored files are at its quota (403: retrying does not help; delete some)."""
+
+    status = 403
+    type = "invalid_request_error"
+    code = "quota_exceeded"
 
 
 class PayloadTooLarge(TokenqError):
@@ -209,6 +218,22 @@ def install(app: FastAPI) -> None:
         msg = "; ".join(
             f"{_param(tuple(e.get('loc', ()))) or 'body'}: {e.get('msg')}" for e in errs[:5])
         return envelope(400, msg, "invalid_request_error", "invalid_request", _param(loc))
+
+    @app.exception_handler(ValidationError)
+    async def _model(_: Request, exc: ValidationError) -> JSONResponse:
+        # A model built from the body inside a handler (an OpenAI request's native job, a
+        # batch line): still the client's input, so 400, never a 500.
+        errs = exc.errors()
+        msg = "; ".join(f"{_param(tuple(e.get('loc', ()))) or 'body'}: {e.get('msg')}"
+                        for e in errs[:5])
+        return envelope(400, msg or "invalid request", "invalid_request_error",
+                        "invalid_request", _param(tuple(errs[0].get("loc", ()))) if errs
+                        else None)
+
+    @app.exception_handler(RecursionError)
+    async def _nested(_: Request, __: RecursionError) -> JSONResponse:
+        return envelope(400, "the request is nested too deeply", "invalid_request_error",
+                        "invalid_request")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

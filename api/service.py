@@ -23,18 +23,21 @@ from api.deps import AppState
 from api.errors import (
     ContextLengthExceeded,
     Draining,
+    Forbidden,
     InvalidRequest,
     ModelNotFound,
     NotFound,
     QueueFull,
 )
 from api.idempotency import Idem
+from api.streams import parse_id
 from shared import jobs, keys, logs, schema_budget, tracing, webhook_policy
 from shared.celery_app import task_message
 from shared.jobs import dumps
 from shared.models import select_backend
 from shared.schema_budget import GrammarBudget, SchemaOverBudget
 from shared.schemas import (
+    TERMINAL_EVENTS,
     JobAccepted,
     JobRecord,
     JobRequest,
@@ -45,6 +48,9 @@ from shared.schemas import (
 from shared.settings import ModelConfig
 
 MAX_STOP_LEN = 64
+# A response_format schema nested deeper than this is refused (400) before anything is
+# built from it: validators and grammar builders recurse over it.
+MAX_SCHEMA_DEPTH = 32
 log = logging.getLogger("tokenq.jobs")
 
 
@@ -77,6 +83,7 @@ def resolve_params(req: JobRequest, cfg: ModelConfig, max_tokens_limit: int,
         logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
         logprobs=req.logprobs,
         json_schema=json_schema_of(req.response_format, budget),
+        cache_prompt=req.cache_prompt is not False,
     )
 
 
@@ -94,6 +101,9 @@ def json_schema_of(fmt: ResponseFormat | None,
     if not isinstance(schema, dict):
         raise InvalidRequest("response_format.json_schema.schema must be a JSON schema object",
                              param="response_format")
+    if nesting(schema) > MAX_SCHEMA_DEPTH:
+        raise InvalidRequest(f"response_format.json_schema.schema is nested more than "
+                             f"{MAX_SCHEMA_DEPTH} deep", param="response_format")
     try:
         schema_budget.estimate(schema, budget or GrammarBudget())
     except SchemaOverBudget as exc:
@@ -120,6 +130,17 @@ async def check_webhook_url(state: AppState, url: str) -> str:
     return url
 
 
+def nesting(value: Any) -> int:
+    """How deep objects and arrays nest in a JSON value (iterative: no recursion limit)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, depth)
+            todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
 @dataclass(slots=True)
 class Prepared:
     """A validated request, ready to enqueue: the record fields and its queue."""
@@ -135,13 +156,16 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
     """Everything that can reject a request (model, sampling limits, schema, context length),
     without writing anything. Batch validation runs this for every line first."""
     s = state.settings
+    if req.priority == "high" and not state.may_use_high(tenant):
+        raise Forbidden("priority 'high' needs an API key with the `high` role; use "
+                        "'normal' or ask the operator", param="priority")
     base, adapter = req.model, None
     cfg = state.models.get(req.model)
     if cfg is None:
         # `model` may name a LoRA adapter: the job runs on its base model's queue with the
         # adapter's current version pinned in the spec (a later unload or rollback does
         # not change what this job runs on).
-        found = await adapters.resolve(state, req.model)
+        found = await adapters.resolve(state, req.model, tenant)
         if found is None:
             raise ModelNotFound(f"model {req.model!r} is not served here", param="model")
         base, adapter = found
@@ -180,7 +204,7 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
     # `model` stays the base model: workers and the rescue paths route by it.
     fields = {
         "owner": tenant, "model": base, "backend": backend, "priority": req.priority,
-        "state": "queued", "attempts": "0", "request": req.model_dump_json(exclude_none=True),
+        "state": "queued", "attempts": "0", "request": stored_request(req),
         "spec": spec.model_dump_json(), "prompt_tokens": str(n_prompt),
     }
     if req.metadata:
@@ -191,6 +215,16 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
         fields["adapter"] = adapter.name
         fields["adapter_version"] = str(adapter.id)
     return Prepared(base, req.priority, n_prompt, fields, params.max_tokens)
+
+
+def stored_request(req: JobRequest) -> str:
+    """The request as the record keeps it. A response schema is stored once, in the spec
+    (the engines read it there); JobRecord.from_hash puts it back into `request`."""
+    out = req.model_dump(exclude_none=True)
+    fmt = out.get("response_format")
+    if fmt and fmt.get("type") == "json_schema" and isinstance(fmt.get("json_schema"), dict):
+        fmt["json_schema"].pop("schema", None)
+    return dumps(out)
 
 
 async def _prepare_embedding(state: AppState, tenant: str, req: JobRequest, base: str,
@@ -336,6 +370,21 @@ async def cancel(state: AppState, tenant: str, job_id: str, wait_s: float = 2.0)
                 break
             await asyncio.sleep(0.05)
     return await get(state, tenant, job_id)
+
+
+async def resume_point(state: AppState, job_id: str, after: str) -> str | None:
+    """Where a resume with Last-Event-ID `after` starts: None when nothing can follow (the
+    stream's terminal event is at or before `after`: the route answers 204, which tells an
+    EventSource to stop reconnecting). A cursor past the stream's last entry, which no
+    event of this stream ever had, is taken as its last entry: the client then gets what
+    comes next instead of waiting forever for ids that will never be written."""
+    last: Any = await state.redis.xrevrange(keys.job_events(job_id), count=1)
+    if not last:
+        return after
+    last_id, fields = last[0]
+    if parse_id(after) < parse_id(last_id):
+        return after
+    return None if fields.get("e") in TERMINAL_EVENTS else str(last_id)
 
 
 async def events(state: AppState, job_id: str,

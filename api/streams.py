@@ -22,13 +22,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared import keys
 from shared.schemas import TERMINAL_EVENTS
@@ -36,6 +41,18 @@ from shared.schemas import TERMINAL_EVENTS
 log = logging.getLogger(__name__)
 
 Entry = tuple[str, dict[str, str]]
+HUB_TIMEOUT_MARGIN_S = 10.0
+
+
+# A stream entry id exactly as Redis writes them: `<ms>-<seq>`, ASCII digits, each part
+# at most 2^64-1. Python's int() is far looser (`1_0`, ` 1`, `+1`, Arabic-Indic digits):
+# every cursor a client sends is checked against this before it can reach the shared XREAD.
+_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
+_U64 = 2**64 - 1
+
+
+class BadCursor(Exception):
+    """Redis refused a stream cursor: the subscribers of that stream alone are ended."""
 
 
 def parse_id(entry_id: str) -> tuple[int, int]:
@@ -44,20 +61,32 @@ def parse_id(entry_id: str) -> tuple[int, int]:
 
 
 def is_valid_id(entry_id: str) -> bool:
-    try:
-        parse_id(entry_id)
-    except ValueError:
-        return False
-    return True
+    m = _ID.fullmatch(entry_id)
+    return m is not None and int(m[1]) <= _U64 and int(m[2]) <= _U64
+
+
+def hub_client(url: str, block_ms: int) -> aioredis.Redis:
+    """The hub's own client. Its socket timeout is BLOCK plus a margin: an idle XREAD then
+    ends with Redis' empty reply at BLOCK, never a client-side "Timeout reading" that
+    drops the connection (and, retried, logs every few seconds); a dead server is still
+    noticed within BLOCK + margin."""
+    return aioredis.Redis.from_url(
+        url, decode_responses=True, max_connections=16, health_check_interval=30,
+        socket_timeout=block_ms / 1000 + HUB_TIMEOUT_MARGIN_S, socket_connect_timeout=5,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
+        retry_on_error=[RedisConnectionError])
 
 
 @dataclass(eq=False)
 class _Sub:
-    queue: asyncio.Queue[Entry] = field(default_factory=asyncio.Queue)
+    # None: Redis refused this stream's cursor; the subscription ends with BadCursor.
+    queue: asyncio.Queue[Entry | None] = field(default_factory=asyncio.Queue)
 
 
 class StreamHub:
     def __init__(self, redis: aioredis.Redis, *, block_ms: int = 5000, count: int = 500):
+        """`redis`: a client whose socket timeout (if any) exceeds `block_ms` (see
+        `hub_client`): otherwise every idle BLOCK ends in a client-side timeout."""
         self._redis = redis
         self._block_ms = block_ms
         self._count = count
@@ -108,6 +137,18 @@ class StreamHub:
             try:
                 resp: Any = await self._redis.xread(streams, block=self._block_ms,
                                                     count=self._count)
+            except ResponseError as exc:
+                # Redis refused the command itself (a cursor it cannot parse): retrying the
+                # same XREAD would stall every stream here. End only the bad cursor's
+                # subscribers.
+                log.warning("stream hub: XREAD refused (%s); checking each cursor", exc)
+                await self._drop_bad_cursors()
+                continue
+            except RedisTimeoutError as exc:
+                # Not an idle wait (that ends at BLOCK with an empty reply): Redis gave no
+                # answer for BLOCK + the margin.
+                log.warning("stream hub: Redis did not answer XREAD in time (%s); again", exc)
+                continue
             except RedisError as exc:
                 log.warning("stream hub: XREAD failed (%s); retrying", exc)
                 await asyncio.sleep(0.5)
@@ -125,8 +166,31 @@ class StreamHub:
                 if parse_id(entries[-1][0]) > parse_id(self._cursor.get(key, "0-0")):
                     self._cursor[key] = entries[-1][0]
 
+    async def _drop_bad_cursors(self) -> None:
+        """Ask Redis about each cursor alone (no BLOCK: answers at once); a stream whose
+        cursor it refuses loses its subscribers (each gets BadCursor), the rest go on."""
+        bad = 0
+        for key, cursor in list(self._cursor.items()):
+            try:
+                await self._redis.xread({key: cursor}, count=1)
+            except ResponseError as exc:
+                bad += 1
+                log.warning("stream hub: Redis refused cursor %r of %s (%s); ending its "
+                            "subscribers", cursor, key, exc)
+                self._cursor.pop(key, None)
+                for sub in self._subs.pop(key, set()):
+                    sub.queue.put_nowait(None)
+            except RedisError:
+                pass  # not this cursor's fault: the main loop's retry handles it
+        if not bad:
+            await asyncio.sleep(0.5)  # refused for another reason: do not spin
+
     async def subscribe(self, key: str, after: str | None) -> AsyncIterator[Entry]:
-        """Every entry of stream `key` after `after` (all when None), until a terminal event."""
+        """Every entry of stream `key` after `after` (all when None), until a terminal event.
+        Raises ValueError for a malformed `after` (before anything is registered) and
+        BadCursor if Redis refuses this stream's cursor."""
+        if after is not None and not is_valid_id(after):
+            raise ValueError(f"not a stream id: {after!r}")
         last = after or "0-0"
         sub = _Sub()
         catch_up_to = self._cursor.get(key)
@@ -143,7 +207,10 @@ class StreamHub:
                     if entry[1].get("e") in TERMINAL_EVENTS:
                         return
             while True:
-                entry = await sub.queue.get()
+                got = await sub.queue.get()
+                if got is None:
+                    raise BadCursor(f"Redis refused the cursor of {key}")
+                entry = got
                 if parse_id(entry[0]) <= parse_id(last):
                     continue
                 last = entry[0]
@@ -152,7 +219,7 @@ class StreamHub:
                     return
         finally:
             subs = self._subs.get(key)
-            if subs is not None:
+            if subs is not None and sub in subs:
                 subs.discard(sub)
                 if not subs:
                     del self._subs[key]

@@ -15,14 +15,14 @@ new_key() { python3 -c 'import secrets; print("tq-" + secrets.token_urlsafe(24))
 sha() { printf %s "$1" | sha256sum | cut -c1-64; }
 
 : > "$dir/api_keys"
-add() {  # tenant [admin]
+add() {  # tenant [role ...]
   local key; key=$(new_key)
   echo "sha256:$(sha "$key") $*" >> "$dir/api_keys"
   echo "$1 $key"
   [ "$1" != prometheus ] || printf %s "$key" > "$dir/prometheus_key"
 }
 add ops admin
-add prometheus
+add prometheus metrics  # the `metrics` role: /metrics/targets (workers' addresses)
 for tenant in "$@"; do add "$tenant"; done
 # Bind-mounted as they are into containers that run as other users: readable, and only
 # hashes besides Prometheus' own key.

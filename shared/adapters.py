@@ -46,6 +46,13 @@ class AdapterRecord(BaseModel):
     versions: list[AdapterVersion] = Field(default_factory=list)
     history: list[tuple[int | None, AdapterStatus]] = Field(default_factory=list)
     updated_at: float = 0.0
+    # Who may run jobs on it: the owner tenant, or every tenant when shared. To any other
+    # tenant it is absent (404), as another tenant's job is.
+    owner: str = ""
+    shared: bool = False
+
+    def usable_by(self, tenant: str) -> bool:
+        return self.shared or self.owner == tenant
 
     def version(self, vid: int | None) -> AdapterVersion | None:
         return next((v for v in self.versions if v.id == vid), None)
@@ -89,7 +96,8 @@ class AdapterRecord(BaseModel):
                 "path": cur.path if cur else None, "version": self.current,
                 "rank": cur.rank if cur else None, "updated_at": self.updated_at,
                 "versions": [v.model_dump() for v in self.versions],
-                "can_rollback": bool(self.history)}
+                "can_rollback": bool(self.history), "owner": self.owner,
+                "shared": self.shared}
 
 
 class AdapterAck(BaseModel):

@@ -119,6 +119,11 @@ def tenant_files(tenant: str) -> str:
     return f"{PREFIX}:tenant:{tenant}:files"
 
 
+def tenant_upload_bytes(tenant: str) -> str:
+    """Sorted set: the tenant's uploads, scored by their size (its file quota)."""
+    return f"{PREFIX}:tenant:{tenant}:upload_bytes"
+
+
 BATCH_PREFIX = f"{PREFIX}:batch:"
 BATCHES_PENDING = f"{PREFIX}:batches:pending"
 

@@ -137,7 +137,8 @@ def budget_of(s: Settings) -> GrammarBudget:
     def lim(v: int) -> int:
         return v or UNLIMITED
 
-    return GrammarBudget(max_repeat=lim(s.api.schema_max_repeat), max_depth=lim(s.api.schema_max_depth),
-                         max_nodes=lim(s.api.schema_max_nodes), max_enum=lim(s.api.schema_max_enum),
-                         max_pattern=lim(s.api.schema_max_pattern),
-                         max_size=lim(s.api.schema_max_grammar))
+    a = s.api
+    return GrammarBudget(max_repeat=lim(a.schema_max_repeat), max_depth=lim(a.schema_max_depth),
+                         max_nodes=lim(a.schema_max_nodes), max_enum=lim(a.schema_max_enum),
+                         max_pattern=lim(a.schema_max_pattern),
+                         max_size=lim(a.schema_max_grammar))

@@ -71,6 +71,19 @@ class ResponseFormat(BaseModel):
     json_schema: dict[str, Any] | None = None
 
 
+def _metadata_sizes(v: dict[str, str]) -> dict[str, str]:
+    if any(len(k) > 64 or len(x) > 512 for k, x in v.items()):
+        raise ValueError("metadata keys are at most 64 characters, values at most 512")
+    return v
+
+
+# OpenAI's limits: 16 pairs, keys up to 64 characters, values up to 512 (jobs, chat and
+# completions, embeddings, batches: every request that takes metadata).
+Metadata = Annotated[dict[str, str], Field(max_length=16), AfterValidator(_metadata_sizes)]
+# Engines take a 64-bit seed; a bigger number is an error here, not a crash there.
+Seed = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
+
+
 class SamplingParams(BaseModel):
     """What an engine needs besides the prompt; defaults are filled from the model config."""
 
@@ -92,6 +105,9 @@ class SamplingParams(BaseModel):
     # response_format json_object). llama.cpp turns it into a grammar, vLLM into
     # structured-output params. None = free text.
     json_schema: dict[str, Any] | None = None
+    # llama-server's `cache_prompt`: False = prefill this job's prompt afresh (no cached
+    # prefix reused), so a greedy job gives the same text whatever ran before it.
+    cache_prompt: bool = True
 
 
 class JobRequest(BaseModel):
@@ -116,21 +132,14 @@ class JobRequest(BaseModel):
     # Token events carry the sampled token's logprob and this many alternatives (0-20).
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     stop: str | list[str] | None = None
-    # Engines take a 64-bit seed; a bigger number is an error here, not a crash there.
-    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+    seed: Seed | None = None
     priority: Priority = "normal"
     response_format: ResponseFormat | None = None
-    # OpenAI's limits: 16 pairs, keys up to 64 characters, values up to 512.
-    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    # llama-server's name and default: reuse a cached prompt prefix (llama.cpp engine).
+    cache_prompt: bool | None = None
+    metadata: Metadata | None = None
     # Unix time after which the job must not start: still queued then, it ends `expired`.
     deadline: float | None = Field(default=None, gt=0)
-
-    @field_validator("metadata")
-    @classmethod
-    def _metadata_sizes(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        if v and any(len(k) > 64 or len(x) > 512 for k, x in v.items()):
-            raise ValueError("metadata keys are at most 64 characters, values at most 512")
-        return v
 
     @model_validator(mode="after")
     def _one_input(self) -> JobRequest:
@@ -220,8 +229,19 @@ class JobRecord(BaseModel):
             metadata=json.loads(h["metadata"]) if h.get("metadata") else None,
             adapter=h.get("adapter") or None,
             adapter_version=int(h["adapter_version"]) if h.get("adapter_version") else None,
-            request=json.loads(h["request"]),
+            request=_request(h),
         )
+
+
+def _request(h: Mapping[str, str]) -> dict[str, Any]:
+    """The record's request, with its response schema taken back from the spec (where it
+    is stored, once)."""
+    req: dict[str, Any] = json.loads(h["request"])
+    fmt = req.get("response_format")
+    js = fmt.get("json_schema") if isinstance(fmt, dict) else None
+    if isinstance(js, dict) and "schema" not in js and h.get("spec"):
+        js["schema"] = json.loads(h["spec"]).get("params", {}).get("json_schema")
+    return req
 
 
 class JobSpec(BaseModel):

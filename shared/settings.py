@@ -242,6 +242,17 @@ class Settings(BaseSettings):
         return comma_list(v)
 
     @model_validator(mode="after")
+    def _production_defaults(self) -> Settings:
+        """Production: rate limits on unless the operator set them (0 included)."""
+        a = self.api
+        if self.env == "production":
+            if "rate_limit_rps" not in a.model_fields_set:
+                a.rate_limit_rps = a.production_rate_limit_rps
+            if "tokens_per_min" not in a.model_fields_set:
+                a.tokens_per_min = a.production_tokens_per_min
+        return self
+
+    @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
         if self.env == "production" and not self.redis_url:
             raise ValueError("TOKENQ_REDIS_URL is required when TOKENQ_ENV=production")

@@ -63,10 +63,23 @@ class ApiSettings(BaseModel):
     max_file_bytes: int = 100_000_000
     max_batch_lines: int = 50_000
     # Where uploaded file contents live: None = in Redis (every API replica sees them);
-    # a directory must then be shared by all replicas.
+    # a directory must then be shared by all replicas. In production set it (compose does,
+    # on its shared volume): the API warns at start when uploads would fill Redis' memory.
     files_dir: Path | None = None
     file_ttl_s: int = 30 * 24 * 3600
     batch_chunk: int = 256  # lines validated/enqueued per Redis round trip
+    # Uploaded files per tenant: how many, and their bytes in all (0: no limit). Over it,
+    # an upload is refused with 403 `quota_exceeded`.
+    tenant_max_files: int = Field(default=1000, ge=0)
+    tenant_max_file_bytes: int = Field(default=10_000_000_000, ge=0)
+    # With TOKENQ_ENV=production, rate limits are on unless set explicitly (0 turns one
+    # off): these replace rate_limit_rps / tokens_per_min's dev default of 0.
+    production_rate_limit_rps: float = 20.0
+    production_tokens_per_min: int = 1_000_000
+    # The shared XREAD of an API replica blocks this long (ms); its own connection's socket
+    # timeout is this plus 10 s, so an idle wait ends with Redis' empty reply, not a client
+    # timeout.
+    stream_block_ms: int = Field(default=5000, ge=100, le=60_000)
 
     # Budgets on a JSON schema (response_format, job and batch lines, tool parameters)
     # checked before anything is enqueued (shared/schema_budget.py): over one is a 400.

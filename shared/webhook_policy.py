@@ -152,8 +152,9 @@ def tenant_secret(s: Settings, tenant: str) -> str | None:
     named = s.worker.webhook_secrets.get(tenant)
     if named:
         return named
-    if not s.worker.webhook_secret:
+    master = s.worker.webhook_secret
+    if not master:
         return None
-    derived = hmac.new(secret_key(s.worker.webhook_secret), b"tokenq-webhook-tenant:" + tenant.encode(),
+    derived = hmac.new(secret_key(master), b"tokenq-webhook-tenant:" + tenant.encode(),
                        hashlib.sha256).digest()
     return SECRET_PREFIX + base64.b64encode(derived).decode()

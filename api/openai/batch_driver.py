@@ -273,10 +273,10 @@ class BatchDriver:
                   "priority": "low", "state": "queued", "attempts": "0",
                   "created_at": repr(time.time()), "request": "{}", "endpoint": h["endpoint"],
                   "batch": h["id"], "custom_id": custom_id,
-                  "ttl": str(self.state.settings.file_ttl_s)}
+                  "ttl": str(self.state.settings.api.file_ttl_s)}
         await self.state.jobs.reject(job_id, fields, tenant=h["owner"],
                                      error=JobErrorInfo(code=err.code, message=err.message),
-                                     ttl=self.state.settings.file_ttl_s)
+                                     ttl=self.state.settings.api.file_ttl_s)
 
     async def sweep_cancel(self, batch_id: str) -> None:
         """Queued lines end `cancelled` (counted by the job scripts); running ones finish."""

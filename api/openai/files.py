@@ -19,7 +19,7 @@ from typing import Any, Literal
 from fastapi import UploadFile
 
 from api.deps import AppState
-from api.errors import InvalidRequest, NotFound, PayloadTooLarge
+from api.errors import InvalidRequest, NotFound, PayloadTooLarge, QuotaExceeded
 from shared import keys
 
 PIECE = 1 << 20
@@ -45,6 +45,10 @@ async def create(state: AppState, tenant: str, upload: UploadFile, purpose: str)
         raise InvalidRequest(f"purpose must be one of {', '.join(UPLOAD_PURPOSES)}",
                              param="purpose")
     s, r = state.settings, state.redis
+    count, used = await usage(state, tenant)
+    if s.api.tenant_max_files and count >= s.api.tenant_max_files:
+        raise QuotaExceeded(f"you have {count} files, the limit per tenant; delete some "
+                            "first", param="file")
     file_id = "file-" + uuid.uuid4().hex
     path = _path(state, file_id)
     size = 0
@@ -54,6 +58,10 @@ async def create(state: AppState, tenant: str, upload: UploadFile, purpose: str)
             if size > s.api.max_file_bytes:
                 raise PayloadTooLarge(f"file is larger than {s.api.max_file_bytes} bytes",
                                       param="file")
+            if s.api.tenant_max_file_bytes and used + size > s.api.tenant_max_file_bytes:
+                raise QuotaExceeded(f"your files would exceed {s.api.tenant_max_file_bytes} "
+                                    f"bytes, the limit per tenant ({used} stored); delete "
+                                    "some first", param="file")
             if path is None:
                 await state.raw.append(keys.file_data(file_id), piece)
             else:
@@ -70,8 +78,27 @@ async def create(state: AppState, tenant: str, upload: UploadFile, purpose: str)
     if path is None:
         pipe.expire(keys.file_data(file_id), s.api.file_ttl_s)
     pipe.zadd(keys.tenant_files(tenant), {file_id: now})
+    pipe.zadd(keys.tenant_upload_bytes(tenant), {file_id: size})
     await pipe.execute()
     return file_object(h)
+
+
+async def usage(state: AppState, tenant: str) -> tuple[int, int]:
+    """(uploads, their bytes) the tenant holds now; expired uploads are dropped first."""
+    r = state.redis
+    held: list[tuple[str, float]] = await r.zrange(  # type: ignore[assignment]
+        keys.tenant_upload_bytes(tenant), 0, -1, withscores=True)
+    if not held:
+        return 0, 0
+    pipe = r.pipeline(transaction=False)
+    for file_id, _ in held:
+        pipe.exists(keys.file(file_id))
+    alive = await pipe.execute()
+    gone = [f for (f, _), ok in zip(held, alive, strict=True) if not ok]
+    if gone:
+        await r.zrem(keys.tenant_upload_bytes(tenant), *gone)
+    kept = [int(n) for (_, n), ok in zip(held, alive, strict=True) if ok]
+    return len(kept), sum(kept)
 
 
 def _append(path: Path, data: bytes) -> None:
@@ -120,6 +147,7 @@ async def delete(state: AppState, tenant: str, file_id: str) -> dict[str, Any]:
     await _drop_data(state, file_id)
     await state.redis.delete(keys.file(file_id))
     await state.redis.zrem(keys.tenant_files(tenant), file_id)
+    await state.redis.zrem(keys.tenant_upload_bytes(tenant), file_id)
     return {"id": file_id, "object": "file", "deleted": True}
 
 

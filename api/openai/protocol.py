@@ -22,8 +22,10 @@ from shared.schemas import (
     JobRecord,
     JobRequest,
     LogitBias,
+    Metadata,
     Priority,
     ResponseFormat,
+    Seed,
 )
 
 log = logging.getLogger(__name__)
@@ -50,15 +52,16 @@ class _Common(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     # Choices: n sibling jobs on the same prompt (see serving.py).
     n: int | None = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: LogitBias | None = None
     user: str | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     priority: Priority | None = None  # tokenq extension; batch lines run at `low`
+    cache_prompt: bool | None = None  # llama-server's extension (default true)
 
     @model_validator(mode="after")
     def _supported(self) -> _Common:
@@ -75,7 +78,8 @@ class _Common(BaseModel):
             repetition_penalty=self.repetition_penalty, stop=self.stop, seed=self.seed,
             min_p=self.min_p, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias,
-            priority=self.priority or "normal", metadata=self.metadata, **kw)
+            priority=self.priority or "normal", metadata=self.metadata,
+            cache_prompt=self.cache_prompt, **kw)
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)

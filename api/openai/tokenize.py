@@ -42,12 +42,12 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int] = Field(max_length=MAX_DETOKENIZE)
 
 
-async def base_model(state: AppState, name: str) -> tuple[str, ModelConfig]:
-    """The served model (or an adapter's base) named `name`."""
+async def base_model(state: AppState, name: str, tenant: str) -> tuple[str, ModelConfig]:
+    """The served model (or the base of an adapter `tenant` may use) named `name`."""
     cfg = state.models.get(name)
     if cfg is not None:
         return name, cfg
-    found = await adapters.resolve(state, name)
+    found = await adapters.resolve(state, name, tenant)
     if found is None:
         raise ModelNotFound(f"model {name!r} is not served here", param="model")
     return found[0], state.models[found[0]]
@@ -65,10 +65,10 @@ async def context_length(state: AppState, name: str, cfg: ModelConfig) -> int:
     return min(seen) if seen else cfg.context_length(backend)
 
 
-async def tokenize(state: AppState, body: TokenizeRequest) -> dict[str, Any]:
+async def tokenize(state: AppState, tenant: str, body: TokenizeRequest) -> dict[str, Any]:
     if (body.prompt is None) == (body.messages is None):
         raise InvalidRequest("give exactly one of 'prompt' and 'messages'", param="prompt")
-    name, cfg = await base_model(state, body.model)
+    name, cfg = await base_model(state, body.model, tenant)
     vocab = await _vocab(state, name, cfg)
     messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
     try:
@@ -82,8 +82,8 @@ async def tokenize(state: AppState, body: TokenizeRequest) -> dict[str, Any]:
             "tokens": tokens, "token_strs": strs}
 
 
-async def detokenize(state: AppState, body: DetokenizeRequest) -> dict[str, Any]:
-    name, cfg = await base_model(state, body.model)
+async def detokenize(state: AppState, tenant: str, body: DetokenizeRequest) -> dict[str, Any]:
+    name, cfg = await base_model(state, body.model, tenant)
     vocab = await _vocab(state, name, cfg)
     try:
         return {"prompt": vocab.detokenize(body.tokens)}

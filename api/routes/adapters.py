@@ -26,12 +26,17 @@ class LoadAdapter(BaseModel):
     # On the workers' filesystem: a GGUF LoRA file (llama.cpp) or a PEFT folder (vLLM).
     path: str = Field(min_length=1, max_length=4096)
     wait_s: float = Field(default=WAIT_S, ge=0, le=120)
+    # Who may run jobs on it: this tenant (default: the admin key's own), or every tenant
+    # with `shared: true`. Other tenants get 404, as for a missing model.
+    owner: str | None = Field(default=None, min_length=1, max_length=256)
+    shared: bool = False
 
 
 @router.post("")
-async def load_adapter(body: LoadAdapter, state: StateDep, _admin: AdminDep) -> dict[str, Any]:
+async def load_adapter(body: LoadAdapter, state: StateDep, admin: AdminDep) -> dict[str, Any]:
     """Load `path` as the new current version of `name` (a new name or a new version)."""
-    return await adapters.load(state, body.name, body.model, body.path, body.wait_s)
+    return await adapters.load(state, body.name, body.model, body.path, body.wait_s,
+                               body.owner or admin.tenant, body.shared)
 
 
 @router.get("")

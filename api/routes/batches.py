@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 from api import idempotency
 from api.deps import StateDep, TenantDep
 from api.openai import batches
+from shared.schemas import Metadata
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
@@ -20,7 +21,7 @@ class BatchCreate(BaseModel):
     input_file_id: str
     endpoint: str
     completion_window: str = "24h"
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
 
 
 @router.post("")

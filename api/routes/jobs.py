@@ -13,7 +13,8 @@ from starlette.background import BackgroundTask
 from api import idempotency, joblist, service
 from api.deps import AppState, StateDep, TenantDep
 from api.errors import InvalidRequest, RateLimited
-from api.streams import is_valid_id
+from api.streams import BadCursor, is_valid_id
+from shared.jobs import dumps
 from shared.schemas import TERMINAL_EVENTS, JobAccepted, JobRecord, JobRequest
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -53,21 +54,26 @@ async def cancel_job(job_id: str, state: StateDep, tenant: TenantDep) -> JobReco
     return await service.cancel(state, tenant, job_id)
 
 
-@router.get("/{job_id}/events", response_class=EventSourceResponse)
+@router.get("/{job_id}/events", response_class=EventSourceResponse, response_model=None)
 async def job_events(
     job_id: str, state: StateDep, tenant: TenantDep,
     last_event_id: str | None = Header(default=None, alias="Last-Event-ID"),
     last_event_id_q: str | None = Query(default=None, alias="last_event_id"),
     cancel_on_disconnect: bool = Query(default=False),
-) -> EventSourceResponse:
+) -> Response:
     """The job's events. A native stream survives its client (resume with Last-Event-ID),
     so a disconnect leaves the job running unless the client asked otherwise with
     `?cancel_on_disconnect=true` (interactive use: the engine slot is freed at once)."""
     await service.check_owner(state, tenant, job_id)  # 404 before the stream starts
     after = last_event_id or last_event_id_q
-    if after is not None and not is_valid_id(after):
-        raise InvalidRequest("Last-Event-ID must be a stream id like 1700000000000-0",
-                             param="last_event_id")
+    if after is not None:
+        # Strictly the form of our event ids: nothing else may reach the shared XREAD.
+        if not is_valid_id(after):
+            raise InvalidRequest("Last-Event-ID must be an event id of this stream, like "
+                                 "1700000000000-0", param="last_event_id")
+        after = await service.resume_point(state, job_id, after)
+        if after is None:
+            return Response(status_code=204)  # after the terminal event: nothing can follow
     limit = state.settings.api.max_streams_per_tenant
     if limit and state.open_streams.get(tenant, 0) >= limit:
         raise RateLimited(f"{limit} event streams are open for this API key on this replica; "
@@ -89,6 +95,11 @@ async def job_events(
             async for entry_id, event, data in service.events(state, job_id, after):
                 ended = event in TERMINAL_EVENTS
                 yield ServerSentEvent(id=entry_id, event=event, data=data)
+        except BadCursor:
+            # Redis refused this stream's cursor: this stream ends, no other one does.
+            yield ServerSentEvent(event="error", data=dumps({
+                "code": "invalid_cursor", "message": "the stream cannot be read from this "
+                "Last-Event-ID; reconnect without it"}))
         finally:
             release()
             if cancel_on_disconnect and not ended:

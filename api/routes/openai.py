@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from api import adapters
-from api.deps import StateDep, TenantDep
+from api.deps import PrincipalDep, StateDep, TenantDep
 from api.errors import ModelNotFound
 from api.openai import embeddings as embeddings_logic
 from api.openai import serving
@@ -25,29 +25,31 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 
 
 @router.get("/models")
-async def list_models(state: StateDep, _tenant: TenantDep) -> dict[str, Any]:
-    """Base models, then loaded LoRA adapters with their base as `parent` (as vLLM lists
-    them): a client selects an adapter by passing its name as `model`."""
+async def list_models(state: StateDep, who: PrincipalDep) -> dict[str, Any]:
+    """Base models, then the loaded LoRA adapters this tenant may use, with their base as
+    `parent` (as vLLM lists them): a client selects an adapter by passing its name as
+    `model`. An adapter's `root` (its path on the workers) is shown to admin keys only."""
     lens = {name: await context_length(state, name, cfg) for name, cfg in state.models.items()}
     data = [_model(name, None, n) for name, n in lens.items()]
     for rec in await adapters.list_records(state.redis):
         ref = rec.ref()
-        if ref is not None and rec.base in lens:
-            data.append(_model(rec.name, rec.base, lens[rec.base], ref.path))
+        if ref is not None and rec.base in lens and rec.usable_by(who.tenant):
+            data.append(_model(rec.name, rec.base, lens[rec.base],
+                               ref.path if who.admin else None))
     return {"object": "list", "data": data}
 
 
 @router.get("/models/{model_id}")
-async def get_model(model_id: str, state: StateDep, _tenant: TenantDep) -> dict[str, Any]:
+async def get_model(model_id: str, state: StateDep, who: PrincipalDep) -> dict[str, Any]:
     cfg = state.models.get(model_id)
     if cfg is not None:
         return _model(model_id, None, await context_length(state, model_id, cfg))
-    found = await adapters.resolve(state, model_id)
+    found = await adapters.resolve(state, model_id, who.tenant)
     if found is None:
         raise ModelNotFound(f"model {model_id!r} is not served here", param="model")
     base, ref = found
     n = await context_length(state, base, state.models[base])
-    return _model(model_id, base, n, ref.path)
+    return _model(model_id, base, n, ref.path if who.admin else None)
 
 
 def _model(name: str, parent: str | None, max_model_len: int, root: str | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import time
 
 from fastapi import APIRouter, Response
@@ -11,11 +12,12 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
-from api.deps import StateDep
+from api.deps import MetricsDep, StateDep
 from shared import keys, schemas
 from shared.schemas import WorkerHeartbeat
 
 router = APIRouter(tags=["ops"])
+log = logging.getLogger(__name__)
 
 
 @router.get("/health")
@@ -44,7 +46,10 @@ async def ready(state: StateDep, workers: bool = True) -> JSONResponse:
         await state.redis.ping()
         live = await live_workers(state) if workers else {}
     except RedisError as exc:
-        return JSONResponse({"status": "unavailable", "redis": str(exc)}, status_code=503)
+        # Unauthenticated: Redis' own words (addresses, auth errors) go to the log only.
+        log.warning("ready: Redis unavailable: %s", exc)
+        return JSONResponse({"status": "unavailable", "redis": "unavailable"},
+                            status_code=503)
     if not workers:
         return JSONResponse({"status": "ready"})
     missing = [m for m in state.models if not live.get(m)]
@@ -69,7 +74,7 @@ async def _oldest_age(state: StateDep, queue: str, now: float) -> float:
 
 
 @router.get("/metrics/targets")
-async def metrics_targets(state: StateDep) -> JSONResponse:
+async def metrics_targets(state: StateDep, _who: MetricsDep) -> JSONResponse:
     """Prometheus HTTP service discovery: every live worker's metrics endpoint, so one
     scrape job finds workers however they were started (compose replicas, the autoscaler's
     children, `tokenq up`). Target labels are __meta_ only: the worker's own series already

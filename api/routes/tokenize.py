@@ -14,11 +14,11 @@ router = APIRouter(tags=["openai"])
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, state: StateDep, _tenant: TenantDep) -> dict[str, Any]:
-    return await logic.tokenize(state, body)
+async def tokenize(body: TokenizeRequest, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
+    return await logic.tokenize(state, tenant, body)
 
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, state: StateDep,
-                     _tenant: TenantDep) -> dict[str, Any]:
-    return await logic.detokenize(state, body)
+                     tenant: TenantDep) -> dict[str, Any]:
+    return await logic.detokenize(state, tenant, body)

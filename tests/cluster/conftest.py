@@ -57,6 +57,9 @@ def cluster() -> Iterator[Cluster]:
         "TOKENQ_WORKER__RECONCILE_S": "1",
         "TOKENQ_WORKER_TTL_S": "5", "AUTOSCALE_MAX": "2", "TOKENQ_API__SSE_PING_S": "3",
         "TOKENQ_AUTOSCALE__DOWN_WINDOW_S": "10", "TOKENQ_AUTOSCALE__COOLDOWN_S": "10",
+        # The scenarios poll and burst from one tenant; rate limits are tested elsewhere
+        # (tests/faults/test_backpressure.py).
+        "TOKENQ_API__RATE_LIMIT_RPS": "0",
     }
     c = Cluster(env=env, keys=api_keys, lb_url=f"http://127.0.0.1:{env['API_PORT']}")
     c.compose("down", "-v", "--remove-orphans", timeout=180)

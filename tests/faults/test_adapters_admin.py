@@ -34,7 +34,7 @@ def test_adapter_routes_admin_only_and_rollback(secure_stack: Stack, alpha: http
     paths = [tmp_path / f"v{i}" for i in (1, 2)]
     for p in paths:
         p.write_text("x")
-    body = {"name": "fake-ad", "model": FAKE, "path": str(paths[0])}
+    body = {"name": "fake-ad", "model": FAKE, "path": str(paths[0]), "owner": "alpha"}
     assert alpha.post("/v1/adapters", json=body).status_code == 403
     assert alpha.get("/v1/adapters").status_code == 403
     assert alpha.post("/v1/adapters/fake-ad/rollback").status_code == 403
@@ -79,7 +79,7 @@ def test_batch_lines_select_adapters(secure_stack: Stack, alpha: httpx.Client,
     path.write_text("x")
     with httpx.Client(base_url=secure_stack.url, timeout=60, headers=auth("admin")) as adm:
         v = adm.post("/v1/adapters", json={"name": "fake-batch", "model": FAKE,
-                                           "path": str(path)}).json()
+                                           "path": str(path), "shared": True}).json()
         assert v["pending_workers"] == [], v
         lines = [{"custom_id": m, "method": "POST", "url": "/v1/completions",
                   "body": {"model": m, "prompt": "hi", "max_tokens": 2}}

@@ -125,7 +125,8 @@ def receivers() -> Iterator[dict[str, Receiver]]:
 
 
 ENV = {"TOKENQ_API_KEYS": f"{KEYS['alpha']}:alpha,{KEYS['beta']}:beta",
-       "TOKENQ_WORKER__WEBHOOK_SECRET": MASTER, "TOKENQ_WORKER__WEBHOOK_SECRETS": f"alpha:{ALPHA_SECRET}",
+       "TOKENQ_WORKER__WEBHOOK_SECRET": MASTER,
+       "TOKENQ_WORKER__WEBHOOK_SECRETS": f"alpha:{ALPHA_SECRET}",
        "TOKENQ_WEBHOOK_ALLOW_HOSTS": "127.0.0.1", "TOKENQ_WORKER__WEBHOOK_MAX_ATTEMPTS": "2"}
 
 

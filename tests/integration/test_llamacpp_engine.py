@@ -254,3 +254,26 @@ def test_n_siblings_share_one_prefill(engine: tuple[LlamaCppEngine, Collector]) 
     col.wait(["late-0", "late-1"])
     assert eng.prefix_reused_tokens - before == n_prompt - 1
     assert col.output("late-1") == col.output("sib-alone")
+
+
+def test_cache_prompt_false_prefills_afresh(tmp_path: Path) -> None:
+    """llama-server's `cache_prompt: false`: no cached prefix and no sibling's KV is reused,
+    so a greedy job's text is that of a fresh prefill whatever ran before it."""
+    eng, col = start_engine(tmp_path, prefix_cache=True)
+    try:
+        prompt = "List the steps to reset a router, numbered, one line each."
+        eng.submit(request("fresh-0", prompt, 16))
+        col.wait(["fresh-0"])  # a fresh prefill: nothing cached yet
+        before = eng.prefix_reused_tokens
+        again = [request(f"fresh-{i}", prompt, 16) for i in (1, 2)]
+        for req in again:
+            req.params.cache_prompt = False
+            eng.submit(req)
+        col.wait([r.job_id for r in again])
+        assert eng.prefix_reused_tokens == before  # neither the cache nor a sibling's KV
+        assert {col.output(r.job_id) for r in again} == {col.output("fresh-0")}
+        eng.submit(request("cached-0", prompt, 16))  # the default reuses the cached prompt
+        col.wait(["cached-0"])
+        assert eng.prefix_reused_tokens > before
+    finally:
+        eng.close()

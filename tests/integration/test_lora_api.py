@@ -38,8 +38,12 @@ def versions(tmp_path: Path, stack_settings: Settings) -> list[Path]:
 
 
 def chat(oai: openai.OpenAI, model: str) -> str:
+    """Greedy, on a fresh prefill (`cache_prompt: false`): the texts compared below must not
+    depend on which slot held this prompt before (a prefix-cache hit can change the last
+    bits of the logits, as llama-server documents)."""
     out = oai.chat.completions.create(model=model, messages=CHAT,  # type: ignore[arg-type]
-                                      max_tokens=6, temperature=0)
+                                      max_tokens=6, temperature=0,
+                                      extra_body={"cache_prompt": False})
     assert out.model == model
     return out.choices[0].message.content or ""
 

@@ -277,9 +277,12 @@ class LlamaCppEngine:
                         "context_length_exceeded", f"prompt has {len(prompt)} tokens; this "
                         f"worker's context is {self.n_ctx_seq}"))
                 continue
-            seq_id, reused = self.pool.take(tokens, group)
+            # cache_prompt false: a fresh prefill (no cached prefix, no sibling's KV), so a
+            # greedy job's text does not depend on what ran before it.
+            fresh = not req.params.cache_prompt
+            seq_id, reused = self.pool.take(tokens, group, fresh)
             leader = None
-            if reused < len(tokens) // 2:  # n choices: one prefill, then a copy of its KV
+            if reused < len(tokens) // 2 and not fresh:  # n choices: one prefill, then a copy
                 reused, leader = share_prefill(self.mem, self._active.values(), seq_id,
                                                tokens, group, reused)
             self.prompt_tokens_total += len(tokens)

@@ -27,12 +27,13 @@ class SlotPool:
         # (adapter version, tokens) whose KV a free slot still holds
         self._cached: dict[int, tuple[int, list[int]]] = {}
 
-    def take(self, tokens: list[int], group: int) -> tuple[int, int]:
+    def take(self, tokens: list[int], group: int, fresh: bool = False) -> tuple[int, int]:
         """The slot for a job whose input is `tokens` (KV of adapter version `group`), and
         how many of its cached cells are kept: the longest shared prefix, less at least
-        one token so that the job decodes one for fresh logits."""
+        one token so that the job decodes one for fresh logits. `fresh` (the request's
+        cache_prompt false): no cached cell is kept."""
         best, best_len = self.free[0], 0
-        if self.prefix_cache:
+        if self.prefix_cache and not fresh:
             for sid in self.free:
                 cached_group, cached = self._cached.get(sid, (BASE, []))
                 if cached_group != group:
