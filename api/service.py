@@ -29,6 +29,11 @@ from api.errors import (
     QueueFull,
 )
 from api.idempotency import Idem
+from api.openai.tools import constraint as tool_constraint
+from api.openai.tools import plan as tool_plan
+from api.openai.tools import render as render_tools
+from api.openai.tools import template_of
+from api.openai.tools import validate as validate_tools
 from shared import jobs, keys, logs, tracing
 from shared.celery_app import task_message
 from shared.jobs import dumps
@@ -113,6 +118,7 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
     """Everything that can reject a request (model, sampling limits, schema, context length),
     without writing anything. Batch validation runs this for every line first."""
     s = state.settings
+    validate_tools(req)
     base, adapter = req.model, None
     cfg = state.models.get(req.model)
     if cfg is None:
@@ -138,8 +144,13 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
             f"max_tokens={params.max_tokens} does not fit this model's context of {context}",
             param="max_tokens")
     messages = [m.model_dump() for m in req.messages] if req.messages is not None else None
+    tools = None
+    plan = tool_plan(req, cfg, await template_of(state, base, cfg)) if messages else None
+    if plan is not None and messages is not None:
+        messages, tools = render_tools(plan, messages)
+        params.json_schema = tool_constraint(plan) or params.json_schema
     try:
-        n_prompt = await state.counter.count(base, cfg, req.prompt, messages)
+        n_prompt = await state.counter.count(base, cfg, req.prompt, messages, tools)
     except Exception as exc:
         raise InvalidRequest(f"could not apply the chat template: {exc}",
                              param="messages") from exc
@@ -153,7 +164,7 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
             f"max_tokens is {params.max_tokens}; shorten the prompt or lower max_tokens",
             param="messages" if messages is not None else "prompt")
     spec = JobSpec(prompt=req.prompt, messages=messages, params=params,
-                   adapter=adapter)
+                   adapter=adapter, tools=tools)
     # `model` stays the base model: workers and the rescue paths route by it.
     fields = {
         "owner": tenant, "model": base, "backend": backend, "priority": req.priority,

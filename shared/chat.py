@@ -24,12 +24,20 @@ def _compile(source: str) -> Template:
     return env.from_string(source)
 
 
-def render_chat(template: str | None, messages: list[dict[str, Any]], bos: str, eos: str) -> str:
+def render_chat(template: str | None, messages: list[dict[str, Any]], bos: str, eos: str,
+                tools: list[dict[str, Any]] | None = None) -> str:
+    """`tools` (OpenAI's list) is passed to templates that render tools themselves."""
     if not template:
         raise ValueError("this model has no chat template; send 'prompt' instead of 'messages'")
     return _compile(template).render(
-        messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos
+        messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos,
+        tools=tools,
     )
+
+
+def renders_tools(template: str | None) -> bool:
+    """Whether a chat template renders `tools` itself (llama.cpp's test: it names them)."""
+    return bool(template) and "tools" in (template or "")
 
 
 def prompt_text(prompt: str | None, messages: list[dict[str, Any]] | None) -> str:

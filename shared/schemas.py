@@ -42,16 +42,36 @@ def _bias_entries(v: dict[str, float]) -> dict[str, float]:
 LogitBias = Annotated[dict[str, float], Field(max_length=300), AfterValidator(_bias_entries)]
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    """A call in an assistant message of the history (OpenAI's shape)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[dict[str, Any]]
+    # None only on an assistant message that carries tool_calls (OpenAI's rule).
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=128)
+    tool_call_id: str | None = Field(default=None, max_length=256)  # role `tool`
+    name: str | None = Field(default=None, max_length=64)
 
     @field_validator("content")
     @classmethod
-    def _flatten_parts(cls, v: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-        if isinstance(v, str):
+    def _flatten_parts(cls, v: str | list[dict[str, Any]] | None
+                       ) -> str | list[dict[str, Any]] | None:
+        if v is None or isinstance(v, str):
             return v
         texts = []
         for part in v:
@@ -60,8 +80,48 @@ class ChatMessage(BaseModel):
             texts.append(part["text"])
         return "".join(texts)
 
+    @model_validator(mode="after")
+    def _roles(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs 'content'")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs 'tool_call_id'")
+        return self
+
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else ""
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    description: str | None = Field(default=None, max_length=8192)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(BaseModel):
+    """One entry of `tools` (OpenAI's shape; only functions exist)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class ResponseFormat(BaseModel):
@@ -120,6 +180,11 @@ class JobRequest(BaseModel):
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     priority: Priority = "normal"
     response_format: ResponseFormat | None = None
+    # Tool calling (chat only): checked by api/openai/tools.py; the job's text is what
+    # the model wrote, which the OpenAI layer parses into tool calls.
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     # OpenAI's limits: 16 pairs, keys up to 64 characters, values up to 512.
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     # Unix time after which the job must not start: still queued then, it ends `expired`.
@@ -231,6 +296,9 @@ class JobSpec(BaseModel):
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     inputs: list[str] | None = None  # an embedding job's texts (one vector each)
+    # Passed to a chat template that renders tools itself (`tools` in its Jinja); None
+    # when there are none or the API already wrote them into the messages.
+    tools: list[dict[str, Any]] | None = None
     params: SamplingParams
     # The adapter version pinned at submit (a later unload or rollback does not change
     # what this job runs on); None: the base model.
