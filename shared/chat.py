@@ -3,6 +3,7 @@ fake backend's plain rendering and tokenizer, which its engine and the API share
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -16,11 +17,20 @@ def _raise(message: str) -> None:
     raise TemplateError(message)
 
 
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """Hugging Face's `tojson` for chat templates (Jinja's own sorts keys and escapes HTML):
+    tool schemas and call arguments render as vLLM and transformers render them."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
 @lru_cache(maxsize=16)
 def _compile(source: str) -> Template:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters["tojson"] = _tojson
     return env.from_string(source)
 
 

@@ -82,6 +82,10 @@ class ModelConfig(BaseModel):
     # None: eager on CPU (graph capture/compile costs minutes there), vLLM's default on GPU.
     enforce_eager: bool | None = None
     enable_chunked_prefill: bool | None = None  # None: vLLM's default
+    # Structured output (response_format, tool calls) without free whitespace between JSON
+    # tokens (vLLM's structured_outputs_config.disable_any_whitespace): a small model can
+    # otherwise write spaces until max_tokens. llama.cpp's grammar bounds whitespace itself.
+    disable_any_whitespace: bool = False
     # LoRA adapters (vLLM's names): off by default as in vLLM (the LoRA kernels cost
     # memory and some speed). max_loras: adapters in one batch; max_lora_rank: the largest
     # rank accepted; max_cpu_loras: adapters kept loaded (None: vLLM's default).

@@ -159,23 +159,42 @@ def _params(t: ToolDef) -> dict[str, Any]:
     return t.function.parameters or {"type": "object", "properties": {}}
 
 
+def _hoist_defs(tools: list[ToolDef]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each tool's parameters without `$defs`, and those definitions merged for the root of
+    a schema that nests the parameters (a `#/$defs/...` reference points at the root), as
+    vLLM does; one name defined two ways is a 400."""
+    params: list[dict[str, Any]] = []
+    defs: dict[str, Any] = {}
+    for t in tools:
+        p = dict(_params(t))
+        for name, d in (p.pop("$defs", None) or {}).items():
+            if defs.get(name, d) != d:
+                raise InvalidRequest(f"the tools define $defs/{name} in two different ways",
+                                     param="tools")
+            defs[name] = d
+        params.append(p)
+    return params, defs
+
+
 def constraint(p: Plan) -> dict[str, Any] | None:
     """The JSON schema decoding is constrained to (None: free text)."""
     if p.mode == "named":
         return _params(next(t for t in p.tools if t.function.name == p.named))
     if p.mode == "required" or (p.mode == "auto" and p.fmt == "generic"):
         key = "parameters" if p.mode == "required" else "arguments"
+        params, defs = _hoist_defs(p.tools)
         items = [{"type": "object", "properties": {"name": {"const": t.function.name},
-                                                   key: _params(t)},
+                                                   key: ps},
                   "required": ["name", key], "additionalProperties": False}
-                 for t in p.tools]
+                 for t, ps in zip(p.tools, params, strict=True)]
         calls: dict[str, Any] = {"type": "array", "minItems": 1,
                                  "items": items[0] if len(items) == 1 else {"anyOf": items}}
         if not p.parallel:
             calls["maxItems"] = 1
+        root: dict[str, Any] = {"$defs": defs} if defs else {}
         if p.mode == "required":
-            return calls
-        return {"anyOf": [
+            return {**calls, **root}
+        return {**root, "anyOf": [
             {"type": "object", "properties": {"tool_calls": calls},
              "required": ["tool_calls"], "additionalProperties": False},
             {"type": "object", "properties": {"response": {"type": "string"}},

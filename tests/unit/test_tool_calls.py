@@ -158,3 +158,44 @@ def test_parallel_false_keeps_one_hermes_call() -> None:
 def test_cut_text_gives_a_prefix_not_a_crash() -> None:
     _, got = tool_calls(the_plan("required"), '[{"name": "get_time", "parameters": {"tz": "U')
     assert got[0]["function"]["arguments"] == '{"tz": "U'
+
+
+def test_defs_move_to_the_root() -> None:
+    params = {"type": "object", "properties": {"where": {"$ref": "#/$defs/place"}},
+              "required": ["where"], "$defs": {"place": {"enum": ["home", "work"]}}}
+    p = Plan(mode="required", fmt="generic", tools=[ToolDef.model_validate(
+        {"type": "function", "function": {"name": "go", "parameters": params}})])
+    schema = tools.constraint(p)
+    assert schema is not None and schema["$defs"] == params["$defs"]
+    jsonschema.validate([{"name": "go", "parameters": {"where": "home"}}], schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "go", "parameters": {"where": "mars"}}], schema)
+
+
+HERMES_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTools:{% for t in tools %}\n{{ t['function'] | tojson }}"
+    "{% endfor %}\nCall them as <tool_call>{\"name\", \"arguments\"}</tool_call><|im_end|>\n"
+    "{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% for c in m.get('tool_calls', []) %}<tool_call>{{ {'name': c['function']['name'], "
+    "'arguments': c['function']['arguments']} | tojson }}</tool_call>{% endfor %}"
+    "<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+
+
+def test_hermes_template_renders_tools_and_history_itself() -> None:
+    history = [*USER, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function",
+         "function": {"name": "get_time", "arguments": '{"tz": "UTC"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]
+    r = req(messages=history, tools=[WEATHER, TIME])
+    p = tools.plan(r, ModelConfig(path="x"), HERMES_TEMPLATE)
+    assert p is not None and p.fmt == "hermes" and tools.constraint(p) is None
+    msgs, native = tools.render(p, [m.model_dump() for m in r.messages or []])
+    assert native is not None and [t["function"]["name"] for t in native] == [
+        "get_weather", "get_time"]
+    assert msgs[1]["tool_calls"][0]["function"]["arguments"] == {"tz": "UTC"}
+    text = render_chat(HERMES_TEMPLATE, msgs, "", "", native)
+    assert '"name": "get_weather"' in text and '<tool_call>{"name": "get_time"' in text
+    assert "<|im_start|>tool\n12:00" in text
+    none = tools.plan(req(messages=history, tools=[WEATHER], tool_choice="none"),
+                      ModelConfig(path="x"), HERMES_TEMPLATE)
+    assert none is not None and tools.render(none, msgs)[1] is None
