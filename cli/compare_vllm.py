@@ -41,7 +41,8 @@ def vllm_server_args(folder: str, model: str, cfg: ModelConfig, port: int) -> li
     if cfg.quantization:
         args += ["--quantization", cfg.quantization]
     if cfg.disable_any_whitespace:
-        args += ["--structured-outputs-config", '{"disable_any_whitespace": true}']
+        args += ["--structured-outputs-config",
+                 '{"backend": "xgrammar", "disable_any_whitespace": true}']
     return args
 
 

@@ -83,8 +83,9 @@ class ModelConfig(BaseModel):
     enforce_eager: bool | None = None
     enable_chunked_prefill: bool | None = None  # None: vLLM's default
     # Structured output (response_format, tool calls) without free whitespace between JSON
-    # tokens (vLLM's structured_outputs_config.disable_any_whitespace): a small model can
-    # otherwise write spaces until max_tokens. llama.cpp's grammar bounds whitespace itself.
+    # tokens (vLLM's structured_outputs_config.disable_any_whitespace, with its xgrammar
+    # backend): a small model can otherwise write spaces until max_tokens. llama.cpp's
+    # grammar bounds whitespace itself.
     disable_any_whitespace: bool = False
     # LoRA adapters (vLLM's names): off by default as in vLLM (the LoRA kernels cost
     # memory and some speed). max_loras: adapters in one batch; max_lora_rank: the largest

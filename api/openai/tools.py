@@ -222,7 +222,9 @@ def _instruction(p: Plan) -> str:
     return "\n".join(lines)
 
 
-def _arguments(text: str) -> Any:
+def _arguments(text: Any) -> Any:
+    if not isinstance(text, str):
+        return text
     try:
         return json.loads(text)
     except ValueError:

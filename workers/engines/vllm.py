@@ -226,7 +226,8 @@ class VllmEngine:
             enforce_eager=c.enforce_eager if c.enforce_eager is not None else not has_nvidia_gpu(),
             enable_chunked_prefill=c.enable_chunked_prefill,
             disable_log_stats=False, enable_log_requests=False, **self.extra_args,
-            **({"structured_outputs_config": StructuredOutputsConfig(disable_any_whitespace=True)}
+            **({"structured_outputs_config": StructuredOutputsConfig(
+                backend="xgrammar", disable_any_whitespace=True)}
                if c.disable_any_whitespace else {}),
             **({"enable_lora": True, "max_loras": c.max_loras, "max_lora_rank": c.max_lora_rank,
                 "max_cpu_loras": c.max_cpu_loras} if c.enable_lora else {}),
