@@ -175,6 +175,8 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
         fields["metadata"] = dumps(req.metadata)
         if req.metadata.get("webhook_url"):
             fields["webhook_url"] = req.metadata["webhook_url"]
+    if plan is not None:
+        fields["tool_format"] = plan.fmt
     if adapter is not None:
         fields["adapter"] = adapter.name
         fields["adapter_version"] = str(adapter.id)

@@ -257,6 +257,9 @@ class JobRecord(BaseModel):
     # LoRA adapter the job runs with (`model` is then its base) and its registry version.
     adapter: str | None = None
     adapter_version: int | None = None
+    # A job with tools: how its text holds the calls (`generic` JSON or `hermes` blocks);
+    # with `request` (tools, tool_choice) that is enough to read them back out of `output`.
+    tool_format: str | None = None
     request: dict[str, Any]
 
     @classmethod
@@ -285,6 +288,7 @@ class JobRecord(BaseModel):
             metadata=json.loads(h["metadata"]) if h.get("metadata") else None,
             adapter=h.get("adapter") or None,
             adapter_version=int(h["adapter_version"]) if h.get("adapter_version") else None,
+            tool_format=h.get("tool_format") or None,
             request=json.loads(h["request"]),
         )
 
