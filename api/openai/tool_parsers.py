@@ -6,6 +6,9 @@ every value gets its span in the text, open-ended where the text stops inside it
 call's `arguments` is the raw text of its arguments value, so what a stream sends as
 argument fragments adds up to exactly what the whole-text answer holds.
 
+A stream re-reads its text at each token (a call's text is short; strings, most of it,
+are scanned by one regular expression).
+
 Shapes read (see api/openai/tools.py for which request gets which):
 - `named`: the text is the named function's arguments;
 - `required`: `[{"name": ..., "parameters": {...}}, ...]` (vLLM's shape);
@@ -17,6 +20,7 @@ Shapes read (see api/openai/tools.py for which request gets which):
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +29,7 @@ from api.openai.tools import Plan
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _WS = " \t\r\n"
+_STRING_BODY = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*', re.DOTALL)
 
 
 @dataclass(slots=True)
@@ -65,14 +70,10 @@ class _Reader:
         return Node("scalar", i, j if j < len(self.t) else None)
 
     def string(self, i: int) -> Node:
-        j = i + 1
-        while j < len(self.t):
-            if self.t[j] == "\\":
-                j += 2
-                continue
-            if self.t[j] == '"':
-                return Node("string", i, j + 1)
-            j += 1
+        m = _STRING_BODY.match(self.t, i + 1)  # in C: strings are most of the text
+        j = m.end() if m else i + 1
+        if j < len(self.t) and self.t[j] == '"':
+            return Node("string", i, j + 1)
         return Node("string", i, None)
 
     def container(self, i: int, kind: str) -> Node:

@@ -93,12 +93,12 @@ def sse(url: str, path: str, body: dict[str, Any]) -> list[Any]:
 MSG = [{"role": "user", "content": "Summarise the call."}]
 # Tool calls: enums and a boolean, so the constraint alone ends the text (the tiny model's
 # text is noise); one call (parallel_tool_calls false), as vLLM's `required` schema allows.
-TOOLS = [{"type": "function", "function": {"name": "file_ticket", "parameters": {
+TOOLS = [{"type": "function", "function": {"name": "refund", "parameters": {
     "type": "object", "additionalProperties": False, "required": ["issue", "resolved"],
     "properties": {"issue": {"enum": ["refund", "delivery"]}, "resolved": {"type": "boolean"}}}}}]
 TOOL_CASES: list[dict[str, Any]] = [
     {"tool_choice": "required"},
-    {"tool_choice": {"type": "function", "function": {"name": "file_ticket"}}},
+    {"tool_choice": {"type": "function", "function": {"name": "refund"}}},
 ]
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("/v1/chat/completions", {"messages": MSG, "max_tokens": 4}),
@@ -177,5 +177,5 @@ def test_tool_calls_match_vllm(vllm_stack: Stack, vllm_server: str, case: dict[s
     assert not diff(shape(mine["message"]["tool_calls"]), shape(vl["message"]["tool_calls"]))
     streams = [sse(u, "/v1/chat/completions", body) for u in (vllm_stack.url, vllm_server)]
     got = [tool_calls_of(s) for s in streams]
-    assert [[n for n, _ in g] for g in got] == [["file_ticket"], ["file_ticket"]]
+    assert [[n for n, _ in g] for g in got] == [["refund"], ["refund"]]
     assert all(set(args) == {"issue", "resolved"} for g in got for _, args in g)
