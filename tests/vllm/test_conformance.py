@@ -36,7 +36,10 @@ def vllm_server(tiny_model: Path, state_dir: Path) -> Iterator[str]:
     cfg = ModelConfig(backend="vllm", source="hf", path=str(tiny_model),
                       max_model_len=MAX_MODEL_LEN, max_num_seqs=SLOTS,
                       disable_any_whitespace=True)
-    with served.vllm_server(vllm_server_args(str(tiny_model), TINY, cfg, port), port,
+    # vLLM answers tool_choice required/named only with a tool-call parser configured.
+    args = [*vllm_server_args(str(tiny_model), TINY, cfg, port), "--enable-auto-tool-choice",
+            "--tool-call-parser", "hermes"]
+    with served.vllm_server(args, port,
                             state_dir / "vllm-serve.log") as url:
         yield url
 

@@ -36,8 +36,9 @@ def voai(vllm_stack: Stack) -> Iterator[openai.OpenAI]:
 
 
 def create(voai: openai.OpenAI, **kw: Any) -> Any:
-    return voai.chat.completions.create(model=TINY, messages=MSG, tools=TOOLS, max_tokens=64,
-                                        parallel_tool_calls=False, **kw)
+    body: dict[str, Any] = {"model": TINY, "messages": MSG, "tools": TOOLS, "max_tokens": 64,
+                            "parallel_tool_calls": False}
+    return voai.chat.completions.create(**{**body, **kw})
 
 
 @pytest.mark.parametrize(("tool_choice", "reason"), [("required", "tool_calls"),
