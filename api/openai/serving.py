@@ -164,6 +164,7 @@ async def _chunks(state: AppState, tenant: str, endpoint: str, jobs: list[str], 
     relays = [asyncio.create_task(relay(i)) for i in range(len(jobs))]
     offsets = [0] * len(jobs)  # completions' text_offset per choice
     tools = [ToolStream(plan) for _ in jobs] if plan is not None and plan.parses else None
+    held: list[list[dict[str, Any]]] = [[] for _ in jobs]  # logprobs not sent yet
     prompt_tokens = completion_tokens = 0
     try:
         if endpoint == ChatEndpoint:
@@ -183,10 +184,12 @@ async def _chunks(state: AppState, tenant: str, endpoint: str, jobs: list[str], 
                     yield sse(chunk(endpoint, first, model, created, text=data["text"],
                                     index=i, logprobs=lp))
                     continue
-                for d in tools[i].feed(data["text"]):  # logprobs ride on the next delta
+                if entry is not None:  # a token's logprobs ride on the next delta sent
+                    held[i].append(entry)
+                for d in tools[i].feed(data["text"]):
                     yield sse(chunk(endpoint, first, model, created, index=i, delta=d,
-                                    logprobs=lp))
-                    lp = None
+                                    logprobs=chat_logprobs(held[i]) if held[i] else None))
+                    held[i] = []
             elif event == "done":
                 open_.discard(i)
                 u = data.get("usage") or {}
@@ -195,7 +198,9 @@ async def _chunks(state: AppState, tenant: str, endpoint: str, jobs: list[str], 
                 reason = data["finish_reason"]
                 if tools is not None:
                     for d in tools[i].finish():
-                        yield sse(chunk(endpoint, first, model, created, index=i, delta=d))
+                        yield sse(chunk(endpoint, first, model, created, index=i, delta=d,
+                                        logprobs=chat_logprobs(held[i]) if held[i] else None))
+                        held[i] = []
                     reason = finish_reason(plan, tools[i].called, reason)
                 yield sse(chunk(endpoint, first, model, created, index=i,
                                 text=None if tools is not None else "",
