@@ -17,6 +17,7 @@ import redis
 from cli.stack import Stack
 from shared import keys
 from tests.conftest import SMOL
+from tests.surface_checks import sdk
 
 WEATHER_ARGS = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 24}, "unit": {"enum": ["celsius", "fahrenheit"]}},
@@ -37,8 +38,7 @@ ASK: list[Any] = [{"role": "user", "content": "What is the weather like in Paris
 
 @pytest.fixture
 def oai(stack: Stack) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0,
-                       timeout=120) as c:
+    with sdk(stack.url) as c:
         yield c
 
 

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from cli.stack import Stack
+from tests.surface_checks import sdk
 from tests.vllm.conftest import TINY
 
 pytestmark = pytest.mark.vllm
@@ -26,19 +27,18 @@ TOOLS: list[Any] = [{"type": "function", "function": {
     "name": "refund", "description": "Refund a charge", "parameters": ARGS}}]
 MSG: list[Any] = [{"role": "user", "content": "The customer called about a refund."}]
 NAMED = {"type": "function", "function": {"name": "refund"}}
+BODY: dict[str, Any] = {"model": TINY, "messages": MSG, "tools": TOOLS, "max_tokens": 64,
+                        "parallel_tool_calls": False}
 
 
 @pytest.fixture
 def voai(vllm_stack: Stack) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=vllm_stack.url + "/v1", api_key="unused", max_retries=0,
-                       timeout=120) as c:
+    with sdk(vllm_stack.url) as c:
         yield c
 
 
 def create(voai: openai.OpenAI, **kw: Any) -> Any:
-    body: dict[str, Any] = {"model": TINY, "messages": MSG, "tools": TOOLS, "max_tokens": 64,
-                            "parallel_tool_calls": False}
-    return voai.chat.completions.create(**{**body, **kw})
+    return voai.chat.completions.create(**{**BODY, **kw})
 
 
 @pytest.mark.parametrize(("tool_choice", "reason"), [("required", "tool_calls"),
