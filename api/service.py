@@ -30,12 +30,16 @@ from api.errors import (
     QueueFull,
 )
 from api.idempotency import Idem
+from api.openai.tools import checked_constraint, template_of
+from api.openai.tools import plan as tool_plan
+from api.openai.tools import render as render_tools
+from api.openai.tools import validate as validate_tools
 from api.streams import parse_id
 from shared import jobs, keys, logs, schema_budget, tracing, webhook_policy
 from shared.celery_app import task_message
 from shared.jobs import dumps
 from shared.models import select_backend
-from shared.schema_budget import GrammarBudget, SchemaOverBudget
+from shared.schema_budget import GrammarBudget, SchemaOverBudget, nesting
 from shared.schemas import (
     TERMINAL_EVENTS,
     JobAccepted,
@@ -130,17 +134,6 @@ async def check_webhook_url(state: AppState, url: str) -> str:
     return url
 
 
-def nesting(value: Any) -> int:
-    """How deep objects and arrays nest in a JSON value (iterative: no recursion limit)."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        v, depth = todo.pop()
-        if isinstance(v, dict | list):
-            deepest = max(deepest, depth)
-            todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
-    return deepest
-
-
 @dataclass(slots=True)
 class Prepared:
     """A validated request, ready to enqueue: the record fields and its queue."""
@@ -159,6 +152,7 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
     if req.priority == "high" and not state.may_use_high(tenant):
         raise Forbidden("priority 'high' needs an API key with the `high` role; use "
                         "'normal' or ask the operator", param="priority")
+    validate_tools(req)
     base, adapter = req.model, None
     cfg = state.models.get(req.model)
     if cfg is None:
@@ -185,8 +179,14 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
             f"max_tokens={params.max_tokens} does not fit this model's context of {context}",
             param="max_tokens")
     messages = [m.model_dump() for m in req.messages] if req.messages is not None else None
+    tools = None
+    plan = tool_plan(req, cfg, await template_of(state, base, cfg)) if messages else None
+    if plan is not None and messages is not None:
+        messages, tools = render_tools(plan, messages)
+        params.json_schema = checked_constraint(plan, schema_budget.budget_of(s)) \
+            or params.json_schema
     try:
-        n_prompt = await state.counter.count(base, cfg, req.prompt, messages)
+        n_prompt = await state.counter.count(base, cfg, req.prompt, messages, tools)
     except Exception as exc:
         raise InvalidRequest(f"could not apply the chat template: {exc}",
                              param="messages") from exc
@@ -200,7 +200,7 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
             f"max_tokens is {params.max_tokens}; shorten the prompt or lower max_tokens",
             param="messages" if messages is not None else "prompt")
     spec = JobSpec(prompt=req.prompt, messages=messages, params=params,
-                   adapter=adapter)
+                   adapter=adapter, tools=tools)
     # `model` stays the base model: workers and the rescue paths route by it.
     fields = {
         "owner": tenant, "model": base, "backend": backend, "priority": req.priority,
@@ -211,6 +211,8 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
         fields["metadata"] = dumps(req.metadata)
         if req.metadata.get("webhook_url"):
             fields["webhook_url"] = await check_webhook_url(state, req.metadata["webhook_url"])
+    if plan is not None:
+        fields["tool_format"] = plan.fmt
     if adapter is not None:
         fields["adapter"] = adapter.name
         fields["adapter_version"] = str(adapter.id)

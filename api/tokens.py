@@ -30,7 +30,10 @@ INLINE_CHARS = 1024
 class _Vocab(Protocol):
     n_vocab: int
 
-    def render(self, prompt: str | None, messages: list[dict[str, Any]] | None) -> str: ...
+    chat_template: str | None
+
+    def render(self, prompt: str | None, messages: list[dict[str, Any]] | None,
+               tools: list[dict[str, Any]] | None = None) -> str: ...
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
     def detokenize(self, tokens: list[int]) -> str: ...
 
@@ -84,7 +87,8 @@ class PromptCounter:
         return vocab
 
     async def count(self, name: str, cfg: ModelConfig, prompt: str | None,
-                    messages: list[dict[str, Any]] | None) -> int:
+                    messages: list[dict[str, Any]] | None,
+                    tools: list[dict[str, Any]] | None = None) -> int:
         """Prompt tokens after the chat template; raises ValueError if it cannot be rendered."""
         if cfg.backend == "fake":
             from shared.chat import count_tokens, prompt_text
@@ -94,7 +98,7 @@ class PromptCounter:
         if vocab is None:
             text = prompt or "".join(str(m.get("content", "")) for m in messages or [])
             return len(text.encode()) // 8  # a lower bound: never rejects a prompt that fits
-        rendered = vocab.render(prompt, messages)
+        rendered = vocab.render(prompt, messages, tools)
         if len(rendered) <= INLINE_CHARS:
             return len(vocab.tokenize(rendered))
         return len(await asyncio.to_thread(vocab.tokenize, rendered))
@@ -115,10 +119,11 @@ class HfVocab:
         self.bos_text = self.tok.bos_token or ""
         self.eos_text = self.tok.eos_token or ""
 
-    def render(self, prompt: str | None, messages: list[dict[str, Any]] | None) -> str:
+    def render(self, prompt: str | None, messages: list[dict[str, Any]] | None,
+               tools: list[dict[str, Any]] | None = None) -> str:
         if messages is None:
             return prompt or ""
-        return render_chat(self.chat_template, messages, self.bos_text, self.eos_text)
+        return render_chat(self.chat_template, messages, self.bos_text, self.eos_text, tools)
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         special = add_special and not (self.bos_text and text.startswith(self.bos_text))

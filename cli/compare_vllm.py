@@ -40,6 +40,9 @@ def vllm_server_args(folder: str, model: str, cfg: ModelConfig, port: int) -> li
         args += ["--max-model-len", str(cfg.max_model_len)]
     if cfg.quantization:
         args += ["--quantization", cfg.quantization]
+    if cfg.disable_any_whitespace:
+        args += ["--structured-outputs-config",
+                 '{"backend": "xgrammar", "disable_any_whitespace": true}']
     return args
 
 

@@ -142,3 +142,14 @@ def budget_of(s: Settings) -> GrammarBudget:
                          max_nodes=lim(a.schema_max_nodes), max_enum=lim(a.schema_max_enum),
                          max_pattern=lim(a.schema_max_pattern),
                          max_size=lim(a.schema_max_grammar))
+
+
+def nesting(value: Any) -> int:
+    """How deep objects and arrays nest in a JSON value (iterative: no recursion limit)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, depth)
+            todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest

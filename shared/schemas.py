@@ -42,16 +42,36 @@ def _bias_entries(v: dict[str, float]) -> dict[str, float]:
 LogitBias = Annotated[dict[str, float], Field(max_length=300), AfterValidator(_bias_entries)]
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    """A call in an assistant message of the history (OpenAI's shape)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[dict[str, Any]]
+    # None only on an assistant message that carries tool_calls (OpenAI's rule).
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=128)
+    tool_call_id: str | None = Field(default=None, max_length=256)  # role `tool`
+    name: str | None = Field(default=None, max_length=64)
 
     @field_validator("content")
     @classmethod
-    def _flatten_parts(cls, v: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-        if isinstance(v, str):
+    def _flatten_parts(cls, v: str | list[dict[str, Any]] | None
+                       ) -> str | list[dict[str, Any]] | None:
+        if v is None or isinstance(v, str):
             return v
         texts = []
         for part in v:
@@ -60,8 +80,48 @@ class ChatMessage(BaseModel):
             texts.append(part["text"])
         return "".join(texts)
 
+    @model_validator(mode="after")
+    def _roles(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs 'content'")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs 'tool_call_id'")
+        return self
+
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else ""
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    description: str | None = Field(default=None, max_length=8192)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(BaseModel):
+    """One entry of `tools` (OpenAI's shape; only functions exist)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class ResponseFormat(BaseModel):
@@ -137,6 +197,11 @@ class JobRequest(BaseModel):
     response_format: ResponseFormat | None = None
     # llama-server's name and default: reuse a cached prompt prefix (llama.cpp engine).
     cache_prompt: bool | None = None
+    # Tool calling (chat only): checked by api/openai/tools.py; the job's text is what
+    # the model wrote, which the OpenAI layer parses into tool calls.
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     metadata: Metadata | None = None
     # Unix time after which the job must not start: still queued then, it ends `expired`.
     deadline: float | None = Field(default=None, gt=0)
@@ -201,6 +266,9 @@ class JobRecord(BaseModel):
     # LoRA adapter the job runs with (`model` is then its base) and its registry version.
     adapter: str | None = None
     adapter_version: int | None = None
+    # A job with tools: how its text holds the calls (`generic` JSON or `hermes` blocks);
+    # with `request` (tools, tool_choice) that is enough to read them back out of `output`.
+    tool_format: str | None = None
     request: dict[str, Any]
 
     @classmethod
@@ -229,6 +297,7 @@ class JobRecord(BaseModel):
             metadata=json.loads(h["metadata"]) if h.get("metadata") else None,
             adapter=h.get("adapter") or None,
             adapter_version=int(h["adapter_version"]) if h.get("adapter_version") else None,
+            tool_format=h.get("tool_format") or None,
             request=_request(h),
         )
 
@@ -251,6 +320,9 @@ class JobSpec(BaseModel):
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     inputs: list[str] | None = None  # an embedding job's texts (one vector each)
+    # Passed to a chat template that renders tools itself (`tools` in its Jinja); None
+    # when there are none or the API already wrote them into the messages.
+    tools: list[dict[str, Any]] | None = None
     params: SamplingParams
     # The adapter version pinned at submit (a later unload or rollback does not change
     # what this job runs on); None: the base model.

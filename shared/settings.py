@@ -96,6 +96,11 @@ class ModelConfig(BaseModel):
     # None: eager on CPU (graph capture/compile costs minutes there), vLLM's default on GPU.
     enforce_eager: bool | None = None
     enable_chunked_prefill: bool | None = None  # None: vLLM's default
+    # Structured output (response_format, tool calls) without free whitespace between JSON
+    # tokens (vLLM's structured_outputs_config.disable_any_whitespace, with its xgrammar
+    # backend): a small model can otherwise write spaces until max_tokens. llama.cpp's
+    # grammar bounds whitespace itself.
+    disable_any_whitespace: bool = False
     # LoRA adapters (vLLM's names): off by default as in vLLM (the LoRA kernels cost
     # memory and some speed). max_loras: adapters in one batch; max_lora_rank: the largest
     # rank accepted; max_cpu_loras: adapters kept loaded (None: vLLM's default).
@@ -110,6 +115,14 @@ class ModelConfig(BaseModel):
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     max_tokens: int = 256
     repeat_penalty: float = 1.0
+    # Tool calling: how the model writes tool calls. `generic`: the tools and the reply
+    # shape are described in a system message and decoding is constrained to
+    # {"tool_calls": [...]} or {"response": "..."} (llama-server's handler for templates
+    # without tool support); `hermes`: the template renders `tools` itself and the model
+    # writes <tool_call>{"name", "arguments"}</tool_call> (vLLM's parser of that name).
+    # None: `hermes` when the chat template renders tools and names <tool_call>, else
+    # `generic`.
+    tool_call_parser: Literal["generic", "hermes"] | None = None
     # Stop strings added to every request for this model (e.g. turn markers of a base model).
     stop: list[str] = Field(default_factory=list)
     # backend `fake`: tokens per second per job (every running job gets one per step).

@@ -79,10 +79,11 @@ class Vocab:
         raw = ll.llama_vocab_get_text(self.vocab, tok)
         return raw.decode(errors="replace") if raw else ""
 
-    def render(self, prompt: str | None, messages: list[dict[str, Any]] | None) -> str:
+    def render(self, prompt: str | None, messages: list[dict[str, Any]] | None,
+               tools: list[dict[str, Any]] | None = None) -> str:
         if messages is None:
             return prompt or ""
-        return render_chat(self.chat_template, messages, self.bos_text, self.eos_text)
+        return render_chat(self.chat_template, messages, self.bos_text, self.eos_text, tools)
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         data = text.encode()

@@ -10,6 +10,12 @@ import httpx
 import openai
 
 
+def sdk(base_url: str) -> openai.OpenAI:
+    """The official client on a stack's URL, without retries (a test sees every error)."""
+    return openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0,
+                         timeout=120)
+
+
 def tokenize(http: httpx.Client, model: str, text: str, *, special: bool = False) -> list[int]:
     resp = http.post("/tokenize", json={"model": model, "prompt": text,
                                         "add_special_tokens": special})

@@ -93,7 +93,7 @@ def submit(rt: WorkerRuntime, job_id: str, got: Acquired) -> JobHandle:
     try:
         rt.engine.submit(EngineRequest(
             job_id=job_id, attempt=got.attempt, prompt=spec.prompt, messages=spec.messages,
-            resume_token_ids=token_ids, inputs=spec.inputs, params=spec.params,
+            tools=spec.tools, resume_token_ids=token_ids, inputs=spec.inputs, params=spec.params,
             adapter=spec.adapter))
     except BaseException:
         rt.publisher.untrack(job_id)

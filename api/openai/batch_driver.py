@@ -154,9 +154,10 @@ class BatchDriver:
             if getattr(req, "stream", False):
                 raise LineError("invalid_request", "stream is not allowed in a batch",
                                 "body.stream")
-            if (req.n or 1) > 1 or req.log_k() is not None:
-                raise LineError("invalid_request", "n > 1 and logprobs are served on the "
-                                "interactive endpoints, not in batch lines", "body")
+            if ((req.n or 1) > 1 or req.log_k() is not None
+                    or getattr(req, "tools", None)):
+                raise LineError("invalid_request", "n > 1, logprobs and tools are served on "
+                                "the interactive endpoints, not in batch lines", "body")
             job = req.to_job()
             job.priority = "low"  # live traffic first while a batch drains
             return custom_id, await service.prepare(self.state, h["owner"], job)

@@ -3,8 +3,8 @@
 A request becomes a native JobRequest (`to_job`), so it runs through the same
 queue, leases and streams as a job posted to /v1/jobs. Unknown fields are
 ignored and named in a warning in the log, as vLLM's server does; fields tokenq
-cannot honour (n > 1, logprobs, tools, echo, suffix) are refused with a 400
-rather than silently dropped.
+cannot honour (echo, suffix, best_of) are refused with a 400 rather than silently
+dropped. Tool calls are parsed out of the job's text here (api/openai/tool_parsers.py).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.errors import InvalidRequest
+from api.openai.tool_parsers import tool_calls
+from api.openai.tools import Plan
 from shared.schemas import (
     MAX_TOP_LOGPROBS,
     ChatMessage,
@@ -26,6 +28,8 @@ from shared.schemas import (
     Priority,
     ResponseFormat,
     Seed,
+    ToolChoice,
+    ToolDef,
 )
 
 log = logging.getLogger(__name__)
@@ -85,14 +89,14 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @model_validator(mode="after")
-    def _no_tools(self) -> ChatCompletionRequest:
-        if self.tools:
-            raise ValueError("tools: function calling is not supported")
+    def _logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: set logprobs to true to use it")
         return self
@@ -103,7 +107,8 @@ class ChatCompletionRequest(_Common):
 
     def to_job(self) -> JobRequest:
         job = self._job(messages=self.messages, response_format=self.response_format,
-                        logprobs=self.log_k())
+                        logprobs=self.log_k(), tools=self.tools, tool_choice=self.tool_choice,
+                        parallel_tool_calls=self.parallel_tool_calls)
         if self.max_completion_tokens is not None:
             job.max_tokens = self.max_completion_tokens
         return job
@@ -168,10 +173,33 @@ def completion_logprobs(entries: list[dict[str, Any]], offset: int = 0) -> dict[
                              for e in entries]}
 
 
+def finish_reason(plan: Plan | None, called: bool, engine: str | None) -> str:
+    """vLLM's (and OpenAI's) rule: `tool_calls` when auto or required called tools and the
+    text ended on its own; a named function's call ends with `stop`."""
+    engine = engine or "stop"
+    if plan is not None and called and engine == "stop" and plan.mode != "named":
+        return "tool_calls"
+    return engine
+
+
+def chat_message(text: str, plan: Plan | None) -> tuple[dict[str, Any], bool]:
+    """A chat choice's message, with the tool calls parsed out of the text (and whether
+    there were any)."""
+    msg: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if plan is not None and plan.parses:
+        msg["content"], msg["tool_calls"] = tool_calls(plan, text)
+        return msg, bool(msg["tool_calls"])
+    if plan is not None:
+        msg["tool_calls"] = []
+    return msg, False
+
+
 def final_response(endpoint: str, recs: JobRecord | list[JobRecord],
-                   logprobs: list[list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+                   logprobs: list[list[dict[str, Any]]] | None = None,
+                   plan: Plan | None = None) -> dict[str, Any]:
     """The non-streaming body for succeeded jobs, one per choice (also a batch output line's
-    body); `logprobs`: each choice's token entries, when the request asked for them."""
+    body); `logprobs`: each choice's token entries, when the request asked for them;
+    `plan`: the request's tool handling (None: no tools)."""
     recs = recs if isinstance(recs, list) else [recs]
     first = recs[0]
     prompt = first.usage.prompt_tokens if first.usage else 0
@@ -181,10 +209,11 @@ def final_response(endpoint: str, recs: JobRecord | list[JobRecord],
         text = rec.output or ""
         lp = logprobs[i] if logprobs is not None else None
         if endpoint == ChatEndpoint:
-            choices.append({"index": i, "finish_reason": rec.finish_reason or "stop",
+            msg, called = chat_message(text, plan)
+            choices.append({"index": i, "finish_reason": finish_reason(plan, called,
+                                                                       rec.finish_reason),
                             "logprobs": chat_logprobs(lp) if lp is not None else None,
-                            "message": {"role": "assistant", "content": text,
-                                        "refusal": None}})
+                            "message": msg})
         else:
             choices.append({"index": i, "text": text, "finish_reason": rec.finish_reason
                             or "stop", "logprobs": completion_logprobs(lp)
@@ -198,7 +227,8 @@ def final_response(endpoint: str, recs: JobRecord | list[JobRecord],
 def chunk(endpoint: str, job_id: str, model: str, created: int, *, text: str | None = None,
           role: bool = False, finish_reason: str | None = None,
           usage_: dict[str, int] | None = None, index: int = 0,
-          logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+          logprobs: dict[str, Any] | None = None,
+          delta: dict[str, Any] | None = None) -> dict[str, Any]:
     """One streamed chunk. A usage-only chunk (include_usage) has empty choices."""
     base = {"id": response_id(endpoint, job_id), "created": created, "model": model,
             "system_fingerprint": None}
@@ -206,7 +236,7 @@ def chunk(endpoint: str, job_id: str, model: str, created: int, *, text: str | N
         obj = "chat.completion.chunk" if endpoint == ChatEndpoint else "text_completion"
         return {**base, "object": obj, "choices": [], "usage": usage_}
     if endpoint == ChatEndpoint:
-        delta: dict[str, Any] = {}
+        delta = dict(delta or {})
         if role:
             delta["role"] = "assistant"
         if text is not None:

@@ -30,9 +30,12 @@ from api.openai.protocol import (
     chunk,
     completion_logprobs,
     final_response,
+    finish_reason,
     now,
     usage,
 )
+from api.openai.tool_parsers import ToolStream
+from api.openai.tools import Plan, plan_for
 from shared.jobs import dumps
 from shared.schemas import JobRecord
 
@@ -44,6 +47,8 @@ CLIENT_ERROR_CODES = frozenset({"context_length_exceeded", "bad_request", "inval
 async def create(state: AppState, tenant: str, endpoint: str,
                  body: ChatCompletionRequest | CompletionRequest, request: Request) -> Response:
     jobs = await _submit(state, tenant, endpoint, body)
+    plan = (await plan_for(state, tenant, body.to_job())
+            if isinstance(body, ChatCompletionRequest) else None)
     headers = {"X-Tokenq-Job-Id": jobs[0]}
     if len(jobs) > 1:
         headers["X-Tokenq-Job-Ids"] = ",".join(jobs)
@@ -52,12 +57,12 @@ async def create(state: AppState, tenant: str, endpoint: str,
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         s = state.settings
         return EventSourceResponse(
-            _chunks(state, tenant, endpoint, jobs, body.model, include_usage),
+            _chunks(state, tenant, endpoint, jobs, body.model, include_usage, plan),
             ping=s.api.sse_ping_s, send_timeout=s.api.sse_send_timeout_s, headers=headers)
     ended = await await_all(state, tenant, jobs, request, want_lp)
     recs = [raise_for_state(rec) for rec, _ in ended]
     lps = [lp for _, lp in ended] if want_lp else None
-    return JSONResponse(final_response(endpoint, recs, lps), headers=headers)
+    return JSONResponse(final_response(endpoint, recs, lps, plan), headers=headers)
 
 
 async def _submit(state: AppState, tenant: str, endpoint: str,
@@ -141,8 +146,10 @@ async def await_all(state: AppState, tenant: str, jobs: list[str], request: Requ
 
 
 async def _chunks(state: AppState, tenant: str, endpoint: str, jobs: list[str], model: str,
-                  include_usage: bool) -> AsyncIterator[ServerSentEvent]:
-    """The choices' event streams merged into one chunk stream (choice i = jobs[i])."""
+                  include_usage: bool, plan: Plan | None = None
+                  ) -> AsyncIterator[ServerSentEvent]:
+    """The choices' event streams merged into one chunk stream (choice i = jobs[i]). With
+    tools, each choice's text goes through a ToolStream: content and tool-call deltas."""
     created, first = now(), jobs[0]
     open_ = set(range(len(jobs)))
     merged: asyncio.Queue[tuple[int, str, str]] = asyncio.Queue()
@@ -156,6 +163,8 @@ async def _chunks(state: AppState, tenant: str, endpoint: str, jobs: list[str], 
 
     relays = [asyncio.create_task(relay(i)) for i in range(len(jobs))]
     offsets = [0] * len(jobs)  # completions' text_offset per choice
+    tools = [ToolStream(plan) for _ in jobs] if plan is not None and plan.parses else None
+    held: list[list[dict[str, Any]]] = [[] for _ in jobs]  # logprobs not sent yet
     prompt_tokens = completion_tokens = 0
     try:
         if endpoint == ChatEndpoint:
@@ -171,15 +180,31 @@ async def _chunks(state: AppState, tenant: str, endpoint: str, jobs: list[str], 
                     lp = (chat_logprobs([entry]) if endpoint == ChatEndpoint
                           else completion_logprobs([entry], offsets[i]))
                     offsets[i] += len(entry["token"])
-                yield sse(chunk(endpoint, first, model, created, text=data["text"], index=i,
-                                logprobs=lp))
+                if tools is None:
+                    yield sse(chunk(endpoint, first, model, created, text=data["text"],
+                                    index=i, logprobs=lp))
+                    continue
+                if entry is not None:  # a token's logprobs ride on the next delta sent
+                    held[i].append(entry)
+                for d in tools[i].feed(data["text"]):
+                    yield sse(chunk(endpoint, first, model, created, index=i, delta=d,
+                                    logprobs=chat_logprobs(held[i]) if held[i] else None))
+                    held[i] = []
             elif event == "done":
                 open_.discard(i)
                 u = data.get("usage") or {}
                 prompt_tokens = int(u.get("prompt_tokens", 0))
                 completion_tokens += int(u.get("completion_tokens", 0))
-                yield sse(chunk(endpoint, first, model, created, index=i, text="",
-                                finish_reason=data["finish_reason"]))
+                reason = data["finish_reason"]
+                if tools is not None:
+                    for d in tools[i].finish():
+                        yield sse(chunk(endpoint, first, model, created, index=i, delta=d,
+                                        logprobs=chat_logprobs(held[i]) if held[i] else None))
+                        held[i] = []
+                    reason = finish_reason(plan, tools[i].called, reason)
+                yield sse(chunk(endpoint, first, model, created, index=i,
+                                text=None if tools is not None else "",
+                                finish_reason=reason))
             elif event in ("error", "cancelled"):
                 # An error after the stream started goes out as a stream event (vLLM's way);
                 # the other choices stop with it.

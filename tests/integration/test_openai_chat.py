@@ -131,7 +131,7 @@ def test_json_schema_output_validates(oai: openai.OpenAI) -> None:
     ({"response_format": {"type": "json_schema",
                           "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
      openai.BadRequestError),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
      openai.BadRequestError),
 ])
 def test_bad_requests_raise_the_right_sdk_error(

@@ -54,7 +54,7 @@ def vllm_settings(redis_server: EmbeddedRedis, state_dir: Path, tiny_model: Path
     path.write_text(json.dumps({TINY: {
         "backend": "vllm", "source": "hf", "path": str(tiny_model),
         "max_model_len": MAX_MODEL_LEN, "max_num_seqs": SLOTS, "temperature": 0.0,
-        "top_k": 0, "top_p": 1.0}}))
+        "top_k": 0, "top_p": 1.0, "disable_any_whitespace": True}}))
     return Settings(redis_url=redis_server.url, state_dir=state_dir, models_file=path)
 
 

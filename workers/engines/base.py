@@ -26,6 +26,7 @@ class EngineRequest:
     params: SamplingParams
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None  # for a template that renders tools itself
     # Tokens already streamed by an earlier attempt (resume without gap or duplicate).
     resume_token_ids: list[int] = field(default_factory=list)
     # LoRA adapter version pinned when the job was submitted; None = the base model.

@@ -249,7 +249,7 @@ class LlamaCppEngine:
         while self._waiting and self.pool.free:
             req = self._waiting.pop(0)
             try:
-                prompt = self.vocab.tokenize(self.vocab.render(req.prompt, req.messages))
+                prompt = self.vocab.tokenize(self.vocab.render(req.prompt, req.messages, req.tools))
                 group = self.lora.acquire(req.adapter)
             except Exception as exc:
                 log.exception("job %s: adapter could not be loaded", req.job_id)

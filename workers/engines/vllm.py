@@ -227,7 +227,8 @@ class VllmEngine:
         if req.messages is None:
             text = req.prompt or ""
         else:
-            text = render_chat(self.chat_template, req.messages, self.bos_text, self.eos_text)
+            text = render_chat(self.chat_template, req.messages, self.bos_text, self.eos_text,
+                               req.tools)
         # A template that writes the BOS text itself must not get a second BOS.
         special = not (self.bos_text and text.startswith(self.bos_text))
         return list(self.tokenizer.encode(text, add_special_tokens=special))

@@ -30,6 +30,7 @@ def engine_env() -> dict[str, str]:
 def engine_args(c: ModelConfig, model_dir: Path, extra: dict[str, Any]) -> Any:
     """AsyncEngineArgs for a model (vLLM's names; `extra`: more, e.g. the embedding
     runner's)."""
+    from vllm.config.structured_outputs import StructuredOutputsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     build: Any = AsyncEngineArgs  # Any: vLLM's own types differ across versions
@@ -42,6 +43,9 @@ def engine_args(c: ModelConfig, model_dir: Path, extra: dict[str, Any]) -> Any:
         enforce_eager=c.enforce_eager if c.enforce_eager is not None else not has_nvidia_gpu(),
         enable_chunked_prefill=c.enable_chunked_prefill,
         disable_log_stats=False, enable_log_requests=False, **extra,
+        **({"structured_outputs_config": StructuredOutputsConfig(
+            backend="xgrammar", disable_any_whitespace=True)}
+           if c.disable_any_whitespace else {}),
         **({"enable_lora": True, "max_loras": c.max_loras, "max_lora_rank": c.max_lora_rank,
             "max_cpu_loras": c.max_cpu_loras} if c.enable_lora else {}),
     )
