@@ -105,15 +105,17 @@ def json_schema_of(fmt: ResponseFormat | None,
     if not isinstance(schema, dict):
         raise InvalidRequest("response_format.json_schema.schema must be a JSON schema object",
                              param="response_format")
-    if nesting(schema) > MAX_SCHEMA_DEPTH:
-        raise InvalidRequest(f"response_format.json_schema.schema is nested more than "
-                             f"{MAX_SCHEMA_DEPTH} deep", param="response_format")
     try:
         schema_budget.estimate(schema, budget or GrammarBudget())
     except SchemaOverBudget as exc:
         raise InvalidRequest(f"response_format.json_schema.schema is over this server's "
                              f"grammar budget at {exc.path}: {exc}", param="response_format",
                              code="schema_too_complex") from exc
+    # Even with the budgets lifted: the meta-schema validator recurses.
+    if nesting(schema) > MAX_SCHEMA_DEPTH:
+        raise InvalidRequest(f"response_format.json_schema.schema is nested more than "
+                             f"{MAX_SCHEMA_DEPTH} deep", param="response_format",
+                             code="schema_too_complex")
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:

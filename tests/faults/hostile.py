@@ -35,6 +35,8 @@ HOSTILE_ENV = {
     "TOKENQ_API__TENANT_MAX_FILES": str(MAX_FILES),
     "TOKENQ_API__TENANT_MAX_FILE_BYTES": str(MAX_FILE_BYTES),
     "TOKENQ_API__MAX_BODY_BYTES": "200000",
+    # a receiver on loopback (refused without the operator's allowlist)
+    "TOKENQ_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
 }
 
 

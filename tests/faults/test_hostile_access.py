@@ -143,13 +143,13 @@ def test_priority_high_is_a_permission(hostile: Stack, hredis: redis.Redis) -> N
 def test_webhook_urls_never_reach_a_log(hostile: Stack, hredis: redis.Redis) -> None:
     token = "tok-" + os.urandom(6).hex()
     port = free_port()  # nothing listens: each delivery attempt fails and is logged
-    url = f"http://user:{token}@127.0.0.1:{port}/hook/{token}?token={token}"
+    url = f"http://127.0.0.1:{port}/hook/{token}?token={token}"  # (credentials: a 400)
     with client(hostile, "alpha") as alpha:
         job = submit(alpha, 1, 2, metadata={"webhook_url": url})[0]
     wait_terminal(hredis, [job], 30)
     deadline = time.monotonic() + 30  # until the worker has logged an attempt (host only)
     while (time.monotonic() < deadline
-           and f"127.0.0.1:{port}/..." not in "".join(logs_of(hostile).values())):
+           and "webhook evt" not in "".join(logs_of(hostile).values())):
         time.sleep(0.2)
     for name, text in logs_of(hostile).items():
         assert token not in text, (name, [ln for ln in text.splitlines() if token in ln])

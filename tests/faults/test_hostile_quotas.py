@@ -61,15 +61,15 @@ def test_file_quota_per_tenant(hostile: Stack) -> None:
 def test_rate_limits_on_by_default_in_production(monkeypatch: pytest.MonkeyPatch) -> None:
     url = "redis://:pw@redis.internal:6379/0"
     prod = Settings(env="production", redis_url=url)
-    assert prod.rate_limit_rps == prod.production_rate_limit_rps > 0
-    assert prod.tokens_per_min == prod.production_tokens_per_min > 0
+    assert prod.api.rate_limit_rps == prod.api.production_rate_limit_rps > 0
+    assert prod.api.tokens_per_min == prod.api.production_tokens_per_min > 0
     off = Settings(env="production", redis_url=url, api={"rate_limit_rps": 0, "tokens_per_min": 0})
-    assert off.rate_limit_rps == 0 and off.tokens_per_min == 0  # the operator's choice
+    assert off.api.rate_limit_rps == 0 and off.api.tokens_per_min == 0  # the operator's choice
     dev = Settings()
-    assert dev.rate_limit_rps == 0 and dev.tokens_per_min == 0
+    assert dev.api.rate_limit_rps == 0 and dev.api.tokens_per_min == 0
     monkeypatch.setenv("TOKENQ_API__RATE_LIMIT_RPS", "0")  # set as a variable: still the choice
     from_env = Settings(env="production", redis_url=url)
-    assert from_env.rate_limit_rps == 0 and from_env.tokens_per_min > 0
+    assert from_env.api.rate_limit_rps == 0 and from_env.api.tokens_per_min > 0
 
 
 META_17 = {f"k{i}": "v" for i in range(17)}
