@@ -19,7 +19,7 @@ from tests.conftest import GEMMA, SMOL
 
 def test_api_drain_refuses_new_jobs_and_lets_open_streams_finish(stack: Stack) -> None:
     port = free_port()
-    env = {**os.environ, "TOKENQ_REDIS_URL": stack.redis_url, "TOKENQ_API__DRAIN_S": "60"}
+    env = {**os.environ, "TOKENQ_REDIS_URL": stack.redis_url, "TOKENQ_API__DRAIN_S": "600"}
     proc = subprocess.Popen([sys.executable, "-m", "api.server", "--port", str(port)], env=env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -33,7 +33,7 @@ def test_api_drain_refuses_new_jobs_and_lets_open_streams_finish(stack: Stack) -
                 time.sleep(0.2)
         with httpx.Client(base_url=url, timeout=60) as client:
             job = client.post("/v1/jobs", json={"model": GEMMA, "prompt": "Once upon a time,",
-                                                "max_tokens": 150, "temperature": 0.8}).json()
+                                                "max_tokens": 60, "temperature": 0.8}).json()
             seen: list[Event] = []
             signalled = threading.Event()
             for ev in stream_events(client, job["id"], timeout=60):
