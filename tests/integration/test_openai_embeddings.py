@@ -67,7 +67,10 @@ def test_many_inputs_batched(oai: openai.OpenAI) -> None:
     out = oai.embeddings.create(model=EMBED, input=texts)  # over 2 engine steps of 32
     assert len(out.data) == 70 and [d.index for d in out.data] == list(range(70))
     alone = oai.embeddings.create(model=EMBED, input=texts[45])
-    assert np.allclose(out.data[45].embedding, alone.data[0].embedding, atol=1e-4)
+    # Batched with 69 others, the input's tokens meet other float sums than alone: the
+    # unit vectors differ by ~1e-4 per component (seen up to 1.5e-4), as llama-server's do.
+    got, ref = np.array(out.data[45].embedding), np.array(alone.data[0].embedding)
+    assert np.allclose(got, ref, atol=1e-3) and float(got @ ref) > 0.9999
 
 
 @pytest.mark.parametrize("body", [
