@@ -135,10 +135,14 @@ def tool_format(cfg: ModelConfig, template: str | None) -> Format:
     return fmt if fmt == "generic" or renders_tools(template) else "generic"
 
 
+def uses_tools(req: JobRequest) -> bool:
+    """Tools, or tool calls and results in the history: a request that needs a plan."""
+    return bool(req.tools) or any(m.tool_calls or m.role == "tool" for m in req.messages or [])
+
+
 def plan(req: JobRequest, cfg: ModelConfig, template: str | None) -> Plan | None:
     """None: a request without tools or tool history (nothing to do)."""
-    history = any(m.tool_calls or m.role == "tool" for m in req.messages or [])
-    if not req.tools and not history:
+    if not uses_tools(req):
         return None
     choice = req.tool_choice or ("auto" if req.tools else "none")
     mode: Mode = "named" if isinstance(choice, NamedToolChoice) else choice
@@ -289,7 +293,7 @@ async def template_of(state: AppState, model: str, cfg: ModelConfig) -> str | No
 
 async def plan_for(state: AppState, tenant: str, req: JobRequest) -> Plan | None:
     """The plan of a request whose model was already resolved by its submit."""
-    if req.messages is None:
+    if req.messages is None or not uses_tools(req):  # most requests: no lookups at all
         return None
     base, cfg = req.model, state.models.get(req.model)
     if cfg is None:
