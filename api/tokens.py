@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any, Protocol
 
-from shared.chat import render_chat
+from shared.chat import ChatRenderer
 from shared.models import gguf_path
 from shared.settings import ModelConfig, Settings
 
@@ -104,7 +104,7 @@ class PromptCounter:
         return len(await asyncio.to_thread(vocab.tokenize, rendered))
 
 
-class HfVocab:
+class HfVocab(ChatRenderer):
     """A Hugging Face folder's tokenizer (transformers, present where vLLM is), with the
     same surface and the same BOS rule as the GGUF vocabulary."""
 
@@ -118,12 +118,6 @@ class HfVocab:
         self.chat_template = cfg.chat_template or self.tok.chat_template
         self.bos_text = self.tok.bos_token or ""
         self.eos_text = self.tok.eos_token or ""
-
-    def render(self, prompt: str | None, messages: list[dict[str, Any]] | None,
-               tools: list[dict[str, Any]] | None = None) -> str:
-        if messages is None:
-            return prompt or ""
-        return render_chat(self.chat_template, messages, self.bos_text, self.eos_text, tools)
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         special = add_special and not (self.bos_text and text.startswith(self.bos_text))

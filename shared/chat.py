@@ -45,6 +45,21 @@ def render_chat(template: str | None, messages: list[dict[str, Any]], bos: str, 
     )
 
 
+class ChatRenderer:
+    """What a vocabulary needs to turn a request into prompt text: its chat template and
+    the BOS/EOS texts the template may write."""
+
+    chat_template: str | None
+    bos_text: str
+    eos_text: str
+
+    def render(self, prompt: str | None, messages: list[dict[str, Any]] | None,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        if messages is None:
+            return prompt or ""
+        return render_chat(self.chat_template, messages, self.bos_text, self.eos_text, tools)
+
+
 def renders_tools(template: str | None) -> bool:
     """Whether a chat template renders `tools` itself (llama.cpp's test: it names them)."""
     return bool(template) and "tools" in (template or "")

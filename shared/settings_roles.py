@@ -72,6 +72,9 @@ class ApiSettings(BaseModel):
     # an upload is refused with 403 `quota_exceeded`.
     tenant_max_files: int = Field(default=1000, ge=0)
     tenant_max_file_bytes: int = Field(default=10_000_000_000, ge=0)
+    # The same while uploads live in Redis' memory (no `files_dir`): the lower of the two
+    # applies, so that one tenant's uploads cannot fill the memory every job lives in.
+    tenant_max_redis_file_bytes: int = Field(default=1_000_000_000, ge=0)
     # With TOKENQ_ENV=production, rate limits are on unless set explicitly (0 turns one
     # off): these replace rate_limit_rps / tokens_per_min's dev default of 0.
     production_rate_limit_rps: float = 20.0

@@ -13,11 +13,10 @@ import ctypes
 import logging
 import threading
 from pathlib import Path
-from typing import Any
 
 import llama_cpp as ll
 
-from shared.chat import render_chat
+from shared.chat import ChatRenderer
 from shared.llamacpp_dispatch import load_cpu_backend
 from shared.settings import ModelConfig
 
@@ -44,7 +43,7 @@ def _init_backend() -> None:
             _backend_ready = True
 
 
-class Vocab:
+class Vocab(ChatRenderer):
     """Tokenizer and chat template of a GGUF; `vocab_only` loads no weights (for the API)."""
 
     def __init__(self, path: Path, cfg: ModelConfig, *, vocab_only: bool, n_gpu_layers: int = 0):
@@ -78,12 +77,6 @@ class Vocab:
             return ""
         raw = ll.llama_vocab_get_text(self.vocab, tok)
         return raw.decode(errors="replace") if raw else ""
-
-    def render(self, prompt: str | None, messages: list[dict[str, Any]] | None,
-               tools: list[dict[str, Any]] | None = None) -> str:
-        if messages is None:
-            return prompt or ""
-        return render_chat(self.chat_template, messages, self.bos_text, self.eos_text, tools)
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         data = text.encode()

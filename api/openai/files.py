@@ -35,6 +35,14 @@ def file_object(h: dict[str, str]) -> dict[str, Any]:
             "expires_at": int(float(h["expires_at"])) if h.get("expires_at") else None}
 
 
+def tenant_quota(on_disk: int, in_memory: int, in_redis: bool) -> int:
+    """A tenant's byte quota for uploads (0: none): while files live in Redis, the lower
+    non-zero one of the two settings."""
+    if not in_redis:
+        return on_disk
+    return min((q for q in (on_disk, in_memory) if q), default=0)
+
+
 def _path(state: AppState, file_id: str) -> Path | None:
     d = state.settings.api.files_dir
     return None if d is None else Path(d) / file_id
@@ -51,6 +59,8 @@ async def create(state: AppState, tenant: str, upload: UploadFile, purpose: str)
                             "first", param="file")
     file_id = "file-" + uuid.uuid4().hex
     path = _path(state, file_id)
+    quota = tenant_quota(s.api.tenant_max_file_bytes, s.api.tenant_max_redis_file_bytes,
+                         in_redis=path is None)
     size = 0
     try:
         while piece := await upload.read(PIECE):
@@ -58,8 +68,8 @@ async def create(state: AppState, tenant: str, upload: UploadFile, purpose: str)
             if size > s.api.max_file_bytes:
                 raise PayloadTooLarge(f"file is larger than {s.api.max_file_bytes} bytes",
                                       param="file")
-            if s.api.tenant_max_file_bytes and used + size > s.api.tenant_max_file_bytes:
-                raise QuotaExceeded(f"your files would exceed {s.api.tenant_max_file_bytes} "
+            if quota and used + size > quota:
+                raise QuotaExceeded(f"your files would exceed {quota} "
                                     f"bytes, the limit per tenant ({used} stored); delete "
                                     "some first", param="file")
             if path is None:

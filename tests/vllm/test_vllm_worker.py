@@ -188,19 +188,32 @@ def test_engine_death_hands_jobs_to_another_attempt(vclient: httpx.Client, vredi
     def written() -> list[int]:
         return [int(vredis.hget(keys.job(j), "n_tokens") or 0) for j in ids]
 
-    # Frozen before the jobs arrive, then let run in 20 ms slices until both have streamed
+    def settled() -> list[int]:
+        """What the worker has published once it has caught up with the frozen engine: on a
+        busy machine the publisher can lag the engine by hundreds of tokens, and a count read
+        too early says 'mid-stream' about jobs the engine has already finished."""
+        last, stable = written(), 0
+        for _ in range(200):
+            time.sleep(0.05)
+            now = written()
+            stable = stable + 1 if now == last else 0
+            if stable >= 4:
+                break
+            last = now
+        return last
+
+    # Frozen before the jobs arrive, then let run in 5 ms slices until both have streamed
     # tokens: the SIGKILL lands mid-stream whatever the machine's speed.
     with frozen(cores):
         ids = [post(vclient, max_tokens=n_tokens) for _ in range(2)]
         assert all_running(vredis, ids)
-        for _ in range(500):
+        for _ in range(1000):
             for c in cores:
                 c.send_signal(signal.SIGCONT)
-            time.sleep(0.02)
+            time.sleep(0.005)
             for c in cores:
                 c.send_signal(signal.SIGSTOP)
-            time.sleep(0.1)  # the worker publishes what the engine streamed
-            if all(n > 0 for n in written()):
+            if all(n > 0 for n in settled()):
                 break
         assert all(0 < n < n_tokens for n in written()), written()
         for c in cores:
