@@ -8,7 +8,6 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import redis.asyncio as aioredis
 from fastapi import FastAPI
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -27,6 +26,7 @@ from api.streams import StreamHub, hub_client
 from api.tokens import PromptCounter
 from shared import tracing
 from shared.celery_app import create_celery
+from shared.redis_conn import async_client
 from shared.settings import Settings, get_settings
 from shared.store import AsyncJobStore
 
@@ -47,13 +47,12 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # After a Redis restart every pooled connection is dead: retry a command on a fresh
         # one (briefly) rather than answer the first requests with 503.
-        r = aioredis.Redis.from_url(
-            settings.require_redis_url(), decode_responses=True, max_connections=256,
-            health_check_interval=30,
+        r = async_client(
+            settings, decode_responses=True, max_connections=256, health_check_interval=30,
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
             retry_on_error=[RedisConnectionError, RedisTimeoutError])
         tracing.setup(settings.tracing, "tokenq-api")
-        hub_redis = hub_client(settings.require_redis_url(), settings.api.stream_block_ms)
+        hub_redis = hub_client(settings, settings.api.stream_block_ms)
         hub = StreamHub(hub_redis, block_ms=settings.api.stream_block_ms)
         await hub.start()
         state = AppState(
@@ -61,8 +60,7 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
             models=settings.models(), counter=PromptCounter(settings),
             jobs=AsyncJobStore(r, settings), limits=RateLimits(r), api_keys=api_key_map,
         )
-        state.redis_raw = aioredis.Redis.from_url(settings.require_redis_url(),
-                                                  decode_responses=False, max_connections=32)
+        state.redis_raw = async_client(settings, decode_responses=False, max_connections=32)
         driver = BatchDriver(state)
         state.background["batch_wake"] = driver.wake
         driver_task = asyncio.create_task(driver.run(), name="tokenq-batch-driver")

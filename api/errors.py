@@ -162,6 +162,16 @@ class Unavailable(TokenqError):
     retry_after = 1
 
 
+class NotReplicated(TokenqError):
+    """Durable acceptance: the job did not reach enough Redis replicas in time (503)."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "not_replicated"
+    retry_after = 1
+    should_retry = True
+
+
 class NoWorker(TokenqError):
     """No live worker serves this model (503)."""
 

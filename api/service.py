@@ -18,7 +18,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from api import adapters, idempotency
+from api import adapters, durable, idempotency
 from api.deps import AppState
 from api.errors import (
     ContextLengthExceeded,
@@ -254,11 +254,12 @@ async def _prepare_embedding(state: AppState, tenant: str, req: JobRequest, base
 async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = None,
                   deadline: float | None = None, extra: dict[str, str] | None = None,
                   queue_limit: int | None = None, tenant_limit: int = 0,
-                  idem: Idem | None = None) -> tuple[jobs.CreateResult, str, float]:
+                  idem: Idem | None = None,
+                  acked: bool = False) -> tuple[jobs.CreateResult, str, float]:
     """Record + Celery message + `queued` event in one atomic step: (what the store
     answered, the job id, its created_at). With an Idempotency-Key the store may answer
     with the key's earlier job (`Replayed`, `KeyReused`): the id returned is then that
-    job's."""
+    job's. `acked`: a client waits for this answer: durable acceptance (api/durable.py)."""
     job_id = job_id or new_job_id()
     now = time.time()
     fields = {**p.fields, "id": job_id, "created_at": repr(now), **(extra or {})}
@@ -267,10 +268,10 @@ async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | No
     queue = keys.queue(p.model, p.priority)
     idem_key = None if idem is None else jobs.IdemKey(idem.redis_key, idem.body_sha,
                                                       state.settings.api.idempotency_ttl_s)
-    created = await state.jobs.create(job_id, fields, tenant=tenant, queue=queue,
-                                      message=task_message(state.celery, job_id, queue),
-                                      queue_limit=queue_limit, tenant_limit=tenant_limit,
-                                      now=now, idem=idem_key)
+    created = await durable.create(state, job_id, fields, tenant=tenant, queue=queue,
+                                   message=task_message(state.celery, job_id, queue),
+                                   queue_limit=queue_limit, tenant_limit=tenant_limit,
+                                   now=now, idem=idem_key, durable=acked)
     if isinstance(created, jobs.Replayed | jobs.KeyReused):
         return created, created.job_id, now
     return created, job_id, now
@@ -330,7 +331,7 @@ async def _submit(state: AppState, tenant: str, req: JobRequest, idem: Idem | No
     deadline = deadline if deadline is not None else req.deadline
     created, job_id, now = await enqueue(state, tenant, p, deadline=deadline, extra=extra,
                                          tenant_limit=state.settings.api.tenant_max_queued,
-                                         idem=idem)
+                                         idem=idem, acked=True)
     if isinstance(created, jobs.KeyReused):
         raise idempotency.key_reused()
     if isinstance(created, jobs.Replayed):

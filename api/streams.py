@@ -36,7 +36,9 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared import keys
+from shared.redis_conn import async_client
 from shared.schemas import TERMINAL_EVENTS
+from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +67,13 @@ def is_valid_id(entry_id: str) -> bool:
     return m is not None and int(m[1]) <= _U64 and int(m[2]) <= _U64
 
 
-def hub_client(url: str, block_ms: int) -> aioredis.Redis:
+def hub_client(settings: Settings, block_ms: int) -> aioredis.Redis:
     """The hub's own client. Its socket timeout is BLOCK plus a margin: an idle XREAD then
     ends with Redis' empty reply at BLOCK, never a client-side "Timeout reading" that
     drops the connection (and, retried, logs every few seconds); a dead server is still
     noticed within BLOCK + margin."""
-    return aioredis.Redis.from_url(
-        url, decode_responses=True, max_connections=16, health_check_interval=30,
+    return async_client(
+        settings, decode_responses=True, max_connections=16, health_check_interval=30,
         socket_timeout=block_ms / 1000 + HUB_TIMEOUT_MARGIN_S, socket_connect_timeout=5,
         retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
         retry_on_error=[RedisConnectionError])

@@ -94,14 +94,13 @@ def up(
 
 
 def _autoscaler(stack: Stack, min_workers: int | None, max_workers: int | None) -> Autoscaler:
-    import redis
-
     from cli.autoscale import Autoscaler, policy_from
+    from shared.redis_conn import sync_client
 
     policy = policy_from(stack.settings, min_workers, max_workers)
     logging.getLogger("tokenq.autoscale").info(
         "autoscaling %s: %s", ", ".join(stack.models), policy)
-    return Autoscaler(redis.Redis.from_url(stack.redis_url, decode_responses=True),
+    return Autoscaler(sync_client(stack.settings, url=stack.redis_url, decode_responses=True),
                       stack.settings, stack.models, policy, spawn=stack.spawn_worker)
 
 

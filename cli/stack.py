@@ -61,6 +61,11 @@ class Stack:
         env["TOKENQ_SERVED_MODELS"] = json.dumps(self.models)
         if self.settings.models_file:
             env["TOKENQ_MODELS_FILE"] = str(self.settings.models_file)
+        if self.settings.redis_sentinels:  # the children follow the same failovers
+            env["TOKENQ_REDIS_SENTINELS"] = ",".join(self.settings.redis_sentinels)
+            env["TOKENQ_REDIS_MASTER_NAME"] = self.settings.redis_master_name
+            if self.settings.redis_sentinel_password:
+                env["TOKENQ_REDIS_SENTINEL_PASSWORD"] = self.settings.redis_sentinel_password
         env.update(self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env

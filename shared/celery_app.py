@@ -17,6 +17,7 @@ from celery import Celery
 
 from shared import keys
 from shared.jobs import dumps
+from shared.redis_conn import celery_broker
 from shared.settings import Settings
 
 GENERATE_TASK = "tokenq.generate"
@@ -79,7 +80,8 @@ def tolerate_acks_after_connection_loss() -> None:
 
 
 def create_celery(settings: Settings) -> Celery:
-    url = settings.require_redis_url()
+    # Through Sentinel: kombu's sentinel:// URL, with master_name and sentinel_kwargs below.
+    url, sentinel_options = celery_broker(settings)
     app = Celery("tokenq", broker=url, set_as_current=False)
     app.conf.update(
         task_serializer="json",
@@ -107,6 +109,7 @@ def create_celery(settings: Settings) -> Celery:
             "visibility_timeout": settings.visibility_timeout_s,
             "unacked_restore_interval": settings.unacked_restore_s,
             "unacked_restore_throttle": 1,
+            **sentinel_options,
         },
     )
     return app

@@ -62,10 +62,13 @@ def free_port() -> int:
 class EmbeddedRedis:
     """One redis-server child process: loopback only, AOF on, data under `data_dir`."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, appendonly: bool = True):
+    def __init__(self, data_dir: Path, port: int | None = None, appendonly: bool = True,
+                 extra_args: tuple[str, ...] = ()):
+        """`extra_args`: more redis-server options (`--replicaof HOST PORT`, ...)."""
         self.data_dir = data_dir
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -85,6 +88,7 @@ class EmbeddedRedis:
             "--daemonize", "no",
             "--loglevel", "warning",
             "--logfile", str(self.data_dir / "redis.log"),
+            *self.extra_args,
         ]
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=die_with_parent)
@@ -112,5 +116,11 @@ class EmbeddedRedis:
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL: the host died (no AOF flush, no goodbye to replicas or sentinels)."""
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()

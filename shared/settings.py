@@ -195,6 +195,12 @@ class Settings(BaseSettings):
     env: Literal["dev", "production"] = "dev"
     # None means embedded: `tokenq up` starts its own redis-server and sets this.
     redis_url: str | None = None
+    # Redis Sentinel (shared/redis_conn.py): every client asks these `host:port`s for the
+    # master of redis_master_name and follows a failover; redis_url then gives only the
+    # password, user and db (its host is not used).
+    redis_sentinels: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    redis_master_name: str = "mymaster"
+    redis_sentinel_password: str | None = None
     state_dir: Path = Field(default_factory=lambda: Path.cwd() / ".tokenq")
 
     models_file: Path | None = None
@@ -254,6 +260,23 @@ class Settings(BaseSettings):
     def _names(cls, v: Any) -> Any:
         return comma_list(v)
 
+    @field_validator("redis_sentinels", mode="before")
+    @classmethod
+    def _sentinels(cls, v: Any) -> Any:
+        from shared.redis_conn import parse_address
+
+        got = comma_list(v)
+        for entry in got if isinstance(got, list) else []:
+            parse_address(str(entry))  # a bad entry is refused at start, naming it
+        return got
+
+    @field_validator("redis_master_name")
+    @classmethod
+    def _master_name(cls, v: str) -> str:
+        if not v or not v.isprintable() or any(c.isspace() for c in v):
+            raise ValueError("the Sentinel master name must be a non-empty word (mymaster)")
+        return v
+
     @model_validator(mode="after")
     def _production_defaults(self) -> Settings:
         """Production: rate limits on unless the operator set them (0 included)."""
@@ -269,6 +292,21 @@ class Settings(BaseSettings):
     def _refuse_unsafe_production(self) -> Settings:
         if self.env == "production" and not self.redis_url:
             raise ValueError("TOKENQ_REDIS_URL is required when TOKENQ_ENV=production")
+        if self.redis_sentinels:
+            if not self.redis_url:
+                raise ValueError("TOKENQ_REDIS_SENTINELS needs TOKENQ_REDIS_URL for the Redis "
+                                 "password and db: redis://:PASSWORD@mymaster/0")
+            if not self.redis_url.startswith(("redis://", "rediss://")):
+                raise ValueError("TOKENQ_REDIS_URL with TOKENQ_REDIS_SENTINELS must be "
+                                 "redis:// or rediss:// (a unix socket has no failover)")
+            from shared.redis_conn import parse_address
+
+            hosts = {parse_address(a)[0] for a in self.redis_sentinels}
+            if not redis_is_protected(self.redis_url, self.env) or (
+                    not hosts <= LOOPBACK_HOSTS
+                    and not redis_is_protected(self.redis_url, "production")):
+                raise ValueError("a Redis behind sentinels outside this machine must be "
+                                 "password-protected: redis://:PASSWORD@mymaster/0")
         if self.redis_url and not redis_is_protected(self.redis_url, self.env):
             raise ValueError(
                 "a Redis outside this machine (or any Redis in production) must be "

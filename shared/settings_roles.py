@@ -48,6 +48,12 @@ class ApiSettings(BaseModel):
     idempotency_ttl_s: int = 24 * 3600
     # SIGTERM: refuse new jobs (503) and let open streams finish, at most this long.
     drain_s: float = 30.0
+    # Durable acceptance (docs/reliability.md, "Redis failover"): after a job is written,
+    # wait (Redis WAIT) until this many replicas have it before answering 202; fewer
+    # within durable_timeout_ms is a 503 `not_replicated` (retryable). 0: off (a lone
+    # Redis). 1 with Sentinel, so that a failover cannot lose an accepted job.
+    durable_replicas: int = Field(default=0, ge=0, le=16)
+    durable_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
 
     access_log: bool = True
     # GET /playground: a page to try the API from a browser (static; calls need a key)

@@ -124,6 +124,7 @@ class AsyncJobStore:
     """asyncio: the API's transitions (create, cancel)."""
 
     def __init__(self, r: aioredis.Redis, settings: Settings):
+        self.r = r
         self.s = settings
         self._scripts = Scripts(r)
 
@@ -136,6 +137,22 @@ class AsyncJobStore:
                      idem: IdemKey | None = None) -> CreateResult:
         return await self._run(_create(self.s, job_id, fields, tenant, queue, message,
                                        queue_limit, tenant_limit, now, idem))
+
+    async def create_acked(self, job_id: str, fields: dict[str, str], *, tenant: str,
+                           queue: str, message: str, replicas: int, timeout_ms: int,
+                           queue_limit: int | None = None, tenant_limit: int = 0,
+                           now: float | None = None,
+                           idem: IdemKey | None = None) -> tuple[CreateResult, int]:
+        """`create`, then Redis WAIT for `replicas` (at most `timeout_ms`) in the same round
+        trip and on the same connection (WAIT counts the replicas that have this
+        connection's writes): what the store answered, and how many replicas have it."""
+        call = _create(self.s, job_id, fields, tenant, queue, message, queue_limit,
+                       tenant_limit, now, idem)
+        pipe = self.r.pipeline(transaction=False)
+        await self._scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+        pipe.wait(replicas, timeout_ms)
+        raw, acked = await pipe.execute()
+        return call.decode(raw), int(acked)
 
     async def cancel(self, job_id: str, ttl: int | None = None) -> Cancelled:
         return await self._run(_cancel(self.s, job_id, ttl))

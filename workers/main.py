@@ -24,6 +24,7 @@ from shared.celery_app import (
     tolerate_acks_after_connection_loss,
 )
 from shared.models import gguf_path, hf_dir, select_backend
+from shared.redis_conn import sync_client
 from shared.settings import ModelConfig, Settings
 from workers import tasks
 from workers.engines.base import Engine
@@ -94,8 +95,8 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
     @signals.worker_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _start(**_: Any) -> None:
         # Retry on a fresh connection after a Redis restart (the pool's are dead then).
-        r = redis.Redis.from_url(
-            settings.require_redis_url(), decode_responses=True,
+        r = sync_client(
+            settings, decode_responses=True,
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
             retry_on_error=[redis.ConnectionError, redis.TimeoutError])
         try:

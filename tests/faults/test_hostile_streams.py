@@ -14,6 +14,7 @@ from api.streams import BadCursor, StreamHub, hub_client
 from cli.sse import parse_lines, stream_events
 from cli.stack import Stack
 from shared import keys
+from shared.settings import Settings
 from tests.faults.harness import FAKE, FAKE_IDLE, check_exactly_once, submit, wait_terminal
 from tests.faults.hostile import BLOCK_MS, Victim, client, hostile, hredis, logs_of
 from tests.faults.test_abusive_input import assert_envelope
@@ -61,7 +62,7 @@ def test_a_cursor_redis_refuses_ends_only_its_subscribers(
         idle = submit(beta, 1, 5, model=FAKE_IDLE)[0]
 
     async def scenario() -> tuple[list[str], BaseException | None]:
-        r = hub_client(hostile.redis_url, BLOCK_MS)
+        r = hub_client(Settings(redis_url=hostile.redis_url), BLOCK_MS)
         hub = StreamHub(r, block_ms=BLOCK_MS)
         await hub.start()
         try:

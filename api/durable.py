@@ -1,0 +1,67 @@
+"""Durable acceptance: a 202 only once the job is on enough Redis replicas.
+
+Redis replicates asynchronously. A job written on the primary and answered 202 is lost if
+the primary dies before its replica has it and Sentinel promotes that replica. With
+``TOKENQ_API__DURABLE_REPLICAS=n`` the API sends Redis WAIT right after the create script,
+in the same round trip and on the same connection, and answers 202 only once `n` replicas
+acknowledged the write.
+
+Fewer within ``TOKENQ_API__DURABLE_TIMEOUT_MS``: 503 ``not_replicated`` (retryable). The
+job does exist on the primary then (WAIT cannot undo a write), and may reach the replica
+later or be lost with the primary:
+- with an Idempotency-Key it is kept: a retry with the same key answers this very job, and
+  the message names it (GET /v1/jobs/{id} tells whether it survived);
+- without one it is cancelled at once, so the client's retry does not run the request a
+  second time (and a replica outage does not turn every retried POST into a job that runs
+  unseen). A cancel that cannot be written leaves it queued: at-least-once, never lost
+  silently after a 202.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from redis.exceptions import RedisError
+
+from api.deps import AppState
+from api.errors import NotReplicated
+from shared import jobs
+
+log = logging.getLogger("tokenq.jobs")
+
+
+async def create(state: AppState, job_id: str, fields: dict[str, str], *, tenant: str,
+                 queue: str, message: str, queue_limit: int | None, tenant_limit: int,
+                 now: float, idem: jobs.IdemKey | None,
+                 durable: bool) -> jobs.CreateResult:
+    """The store's create; with `durable` and durable_replicas set, followed by WAIT (see
+    the module docstring for what a short answer does)."""
+    need = state.settings.api.durable_replicas if durable else 0
+    if not need:
+        return await state.jobs.create(job_id, fields, tenant=tenant, queue=queue,
+                                       message=message, queue_limit=queue_limit,
+                                       tenant_limit=tenant_limit, now=now, idem=idem)
+    timeout_ms = state.settings.api.durable_timeout_ms
+    created, acked = await state.jobs.create_acked(
+        job_id, fields, tenant=tenant, queue=queue, message=message, replicas=need,
+        timeout_ms=timeout_ms, queue_limit=queue_limit, tenant_limit=tenant_limit, now=now,
+        idem=idem)
+    if not isinstance(created, jobs.Created) or acked >= need:
+        return created
+    short = (f"{acked} of {need} Redis replicas acknowledged the job within {timeout_ms} ms, "
+             "so a Redis failover could lose it")
+    if idem is not None:
+        log.warning("job %s: not replicated (%d/%d); kept for its Idempotency-Key",
+                    job_id, acked, need, extra={"job_id": job_id})
+        raise NotReplicated(f"{short}: job {job_id} is kept; retry with the same "
+                            "Idempotency-Key to get it back, or GET /v1/jobs/" + job_id)
+    cancelled = False
+    with contextlib.suppress(RedisError):
+        await state.jobs.cancel(job_id)
+        cancelled = True
+    log.warning("job %s: not replicated (%d/%d); %s", job_id, acked, need,
+                "cancelled" if cancelled else "could not be cancelled",
+                extra={"job_id": job_id})
+    raise NotReplicated(f"{short}: it was {'cancelled' if cancelled else 'not confirmed'}; "
+                        "retry")

@@ -1,0 +1,126 @@
+"""Every Redis client tokenq opens, built in one place: through Redis Sentinel when
+``TOKENQ_REDIS_SENTINELS`` is set, else straight to ``TOKENQ_REDIS_URL``.
+
+Through Sentinel a client asks the sentinels for the current master of
+``TOKENQ_REDIS_MASTER_NAME`` whenever it opens a connection (redis-py's
+SentinelConnectionPool). After a failover the dead master's connections fail, and a
+connection still open to the demoted master is answered READONLY, which redis-py turns into
+a connection error: the next attempt (the callers' Retry, the publisher's own retry loop)
+connects to the promoted replica. No caller ever rebuilds a client.
+
+The Redis password, user and db still come from ``TOKENQ_REDIS_URL`` (its host and port are
+not used with sentinels); the sentinels' own password is ``TOKENQ_REDIS_SENTINEL_PASSWORD``.
+Celery's broker gets the same deployment as kombu's ``sentinel://`` URL (`celery_broker`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlsplit
+
+import redis
+import redis.asyncio as aioredis
+import redis.asyncio.sentinel as asentinel
+import redis.sentinel
+
+if TYPE_CHECKING:
+    from shared.settings import Settings
+
+# A sentinel that does not answer within this is skipped for the next one.
+SENTINEL_TIMEOUT_S = 2.0
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})?")
+SENTINELS_FORM = "host:port,host:port (e.g. sentinel-1:26379,sentinel-2:26379,[::1]:26379)"
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """One sentinel's `host:port` (`[v6]:port` for IPv6); ValueError naming the entry."""
+    entry = text.strip()
+    host, sep, port = entry.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        ok_host = bool(host) and all(c in "0123456789abcdefABCDEF:." for c in host)
+    else:
+        ok_host = _HOST.fullmatch(host) is not None
+    if not sep or not ok_host or not port.isascii() or not port.isdigit() \
+            or not 0 < int(port) < 65536:
+        raise ValueError(f"sentinel {entry!r} is not host:port; expected {SENTINELS_FORM}")
+    return host, int(port)
+
+
+def _addresses(settings: Settings) -> list[tuple[str, int]]:
+    return [parse_address(s) for s in settings.redis_sentinels]
+
+
+def _master_kwargs(url: str) -> dict[str, Any]:
+    """The URL's credentials, db and TLS, for connections to whichever node is master."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise ValueError(f"TOKENQ_REDIS_URL with sentinels must be redis:// or rediss://, "
+                         f"not {parts.scheme}://")
+    out: dict[str, Any] = {}
+    got = redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
+    for name in ("username", "password", "db"):
+        if got.get(name) is not None:
+            out[name] = got[name]
+    if parts.scheme == "rediss":
+        out["ssl"] = True
+    return out
+
+
+def _sentinel_kwargs(settings: Settings) -> dict[str, Any]:
+    kw: dict[str, Any] = {"socket_timeout": SENTINEL_TIMEOUT_S,
+                          "socket_connect_timeout": SENTINEL_TIMEOUT_S}
+    if settings.redis_sentinel_password:
+        kw["password"] = settings.redis_sentinel_password
+    return kw
+
+
+def sync_client(settings: Settings, *, url: str | None = None, **kwargs: Any) -> redis.Redis:
+    """A blocking client on the deployment's master. `url` replaces TOKENQ_REDIS_URL (an
+    embedded Redis); `kwargs` are redis.Redis options (decode_responses, retry, ...)."""
+    url = url or settings.require_redis_url()
+    if not settings.redis_sentinels:
+        return redis.Redis.from_url(url, **kwargs)
+    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        _addresses(settings), sentinel_kwargs=_sentinel_kwargs(settings))
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        settings.redis_master_name, **_master_kwargs(url), **kwargs)
+    return client
+
+
+def async_client(settings: Settings, *, url: str | None = None,
+                 **kwargs: Any) -> aioredis.Redis:
+    """`sync_client` for asyncio (the API)."""
+    url = url or settings.require_redis_url()
+    if not settings.redis_sentinels:
+        return aioredis.Redis.from_url(url, **kwargs)
+    sentinel = asentinel.Sentinel(  # type: ignore[no-untyped-call]
+        _addresses(settings), sentinel_kwargs=_sentinel_kwargs(settings))
+    client: aioredis.Redis = sentinel.master_for(settings.redis_master_name,
+                                                 **_master_kwargs(url), **kwargs)
+    return client
+
+
+def celery_broker(settings: Settings) -> tuple[str, dict[str, Any]]:
+    """Celery's broker URL and the transport options it needs beside tokenq's own: with
+    sentinels, kombu's `sentinel://[:password@]host:port/db;sentinel://...` and
+    `master_name` / `sentinel_kwargs`; else TOKENQ_REDIS_URL as it is."""
+    url = settings.require_redis_url()
+    if not settings.redis_sentinels:
+        return url, {}
+    master = _master_kwargs(url)
+    if master.get("ssl"):
+        raise ValueError("TOKENQ_REDIS_URL: rediss:// with sentinels is not supported for "
+                         "Celery's broker (kombu's sentinel transport); use redis://")
+    auth = ""
+    if master.get("password") is not None:
+        auth = f"{quote(master.get('username') or '', safe='')}:" \
+               f"{quote(str(master['password']), safe='')}@"
+    db = master.get("db", 0)
+    hosts = [f"[{h}]" if ":" in h else h for h, _ in _addresses(settings)]
+    broker = ";".join(f"sentinel://{auth}{h}:{p}/{db}"
+                      for h, (_, p) in zip(hosts, _addresses(settings), strict=True))
+    options: dict[str, Any] = {"master_name": settings.redis_master_name,
+                               "sentinel_kwargs": _sentinel_kwargs(settings)}
+    return broker, options

@@ -1,0 +1,229 @@
+"""Redis Sentinel: every client tokenq builds follows a failover by itself, and durable
+acceptance (TOKENQ_API__DURABLE_REPLICAS) answers 202 only once the replica has the job.
+
+A real deployment on loopback per test (tests/faults/sentinel_deploy.py): a primary, one
+replica, three sentinels; the primary is SIGKILLed as a dead host would be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from api.app import create_app
+from cli.stack import Stack
+from shared import keys
+from shared.redis_conn import async_client, sync_client
+from shared.redis_server import free_port
+from shared.settings_roles import ApiSettings
+from tests.faults.harness import BASE_ENV, FAKE, check_exactly_once, wait_terminal
+from tests.faults.sentinel_deploy import SentinelDeployment, sentinel_deployment, wait_for
+
+
+@pytest.fixture
+def dep(tmp_path: Path) -> Iterator[SentinelDeployment]:
+    with sentinel_deployment(tmp_path / "redis") as d:
+        yield d
+
+
+def models_file(tmp: Path) -> Path:
+    path = tmp / "models.json"
+    path.write_text(json.dumps({FAKE: {"backend": "fake", "n_parallel": 4,
+                                       "fake_tokens_per_s": 200, "n_ctx": 65536}}))
+    return path
+
+
+def retrying() -> dict[str, object]:
+    """The options the API and workers build their clients with (api/app.py)."""
+    return {"decode_responses": True,
+            "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
+            "retry_on_error": [redis.ConnectionError, redis.TimeoutError]}
+
+
+def test_factory_clients_use_the_sentinels_master(dep: SentinelDeployment) -> None:
+    settings = dep.settings()
+    c = sync_client(settings, decode_responses=True)
+    try:
+        c.set("tokenq:test:a", "1")
+        assert c.connection_pool.connection_kwargs.get("db") == 0
+        assert dep.master_port() == dep.primary.port
+        assert dep.client_of(dep.primary).get("tokenq:test:a") == "1"
+        assert c.wait(1, 5000) == 1
+        assert dep.client_of(dep.replica).get("tokenq:test:a") == "1"
+    finally:
+        c.close()
+
+    async def on_asyncio() -> str | None:
+        a = async_client(settings, decode_responses=True)
+        try:
+            await a.set("tokenq:test:b", "2")
+            got = await a.get("tokenq:test:b")
+            return None if got is None else str(got)
+        finally:
+            await a.aclose()
+
+    assert asyncio.run(on_asyncio()) == "2"
+
+
+def test_clients_follow_a_failover_without_being_rebuilt(dep: SentinelDeployment) -> None:
+    settings = dep.settings()
+    c = sync_client(settings, **retrying())  # type: ignore[arg-type]
+
+    async def scenario() -> tuple[float, float]:
+        a = async_client(settings, **retrying())  # type: ignore[arg-type]
+        try:
+            await a.set("tokenq:test:before-async", "kept")
+            c.set("tokenq:test:before", "kept")
+            assert c.wait(1, 5000) == 1  # on the replica: the failover cannot lose it
+            dep.primary.kill()
+            killed = time.monotonic()
+            sync_took = await asyncio.to_thread(
+                wait_for, "a write through the same sync client after the failover",
+                lambda: bool(c.set("tokenq:test:after", "1")), 90)
+            while True:
+                try:
+                    await a.set("tokenq:test:after-async", "1")
+                    break
+                except redis.RedisError:
+                    assert time.monotonic() - killed < 90, "asyncio client never wrote again"
+                    await asyncio.sleep(0.05)
+            return sync_took, time.monotonic() - killed
+        finally:
+            await a.aclose()
+
+    old = dep.primary.port
+    try:
+        sync_took, async_took = asyncio.run(scenario())
+        assert dep.master_port() == dep.replica.port != old
+        assert c.get("tokenq:test:before") == "kept"
+        assert c.get("tokenq:test:before-async") == "kept"
+        new = dep.client_of(dep.replica)
+        assert new.get("tokenq:test:after") == new.get("tokenq:test:after-async") == "1"
+        assert new.info("replication")["role"] == "master"
+        new.close()
+    finally:
+        c.close()
+    print(f"\n[faults] Sentinel failover: clients built before the primary's SIGKILL wrote "
+          f"again after {sync_took:.1f}s (sync) / {async_took:.1f}s (asyncio), not rebuilt "
+          "(down-after 1 s; machine shared)")
+
+
+def _post(client: TestClient, **headers: str) -> Any:
+    return client.post("/v1/jobs", json={"model": FAKE, "prompt": "go", "max_tokens": 4},
+                       headers=headers)
+
+
+def test_durable_acceptance_waits_for_the_replica(dep: SentinelDeployment,
+                                                  tmp_path: Path) -> None:
+    timeout_ms = 500
+    settings = dep.settings(state_dir=tmp_path, models_file=models_file(tmp_path),
+                            served_models=[FAKE],
+                            api=ApiSettings(durable_replicas=1, durable_timeout_ms=timeout_ms))
+    replica = dep.client_of(dep.replica)
+    with TestClient(create_app(settings)) as client:
+        for _ in range(20):
+            resp = _post(client)
+            assert resp.status_code == 202, resp.text
+            # The 202 came after WAIT: the replica has the record and its Celery message.
+            job_id = resp.json()["id"]
+            assert replica.hget(keys.job(job_id), "state") == "queued"
+        # The replica dies (the primary stays): nothing can be made durable any more.
+        dep.replica.kill()
+        start = time.monotonic()
+        resp = _post(client)
+        took = time.monotonic() - start
+        assert resp.status_code == 503, resp.text
+        err = resp.json()["error"]
+        assert err["code"] == "not_replicated" and err["type"] == "service_unavailable", err
+        assert resp.headers["retry-after"] == "1"
+        assert "cancelled" in err["message"], err
+        assert took < 30, took  # bounded by the WAIT timeout (0.5 s), not a hang
+        # With an Idempotency-Key the job is kept, named, and a retry answers that job.
+        resp = _post(client, **{"Idempotency-Key": "k-1"})
+        assert resp.status_code == 503, resp.text
+        msg = resp.json()["error"]["message"]
+        kept = msg.rsplit("/", 1)[1]
+        assert kept.startswith("job_") and "Idempotency-Key" in msg, msg
+        again = _post(client, **{"Idempotency-Key": "k-1"})
+        assert again.status_code == 202 and again.json()["id"] == kept, again.text
+    replica.close()
+    print(f"\n[faults] durable acceptance: replica down -> 503 not_replicated in "
+          f"{took * 1000:.0f} ms (WAIT timeout {timeout_ms} ms)")
+
+
+def test_wait_cost_per_post(dep: SentinelDeployment, tmp_path: Path) -> None:
+    """A figure, not a check: POST /v1/jobs latency with and without WAIT (in-process API,
+    loopback replica; the machine is shared, so only the printout says anything)."""
+    mf = models_file(tmp_path)
+    got = {}
+    for n in (0, 1):
+        settings = dep.settings(state_dir=tmp_path, models_file=mf, served_models=[FAKE],
+                                api=ApiSettings(durable_replicas=n, queue_limit=100_000))
+        with TestClient(create_app(settings)) as client:
+            times = []
+            for _ in range(100):
+                start = time.perf_counter()
+                assert _post(client).status_code == 202
+                times.append(time.perf_counter() - start)
+        times.sort()
+        got[n] = (statistics.median(times) * 1000, times[98] * 1000)
+    print(f"\n[faults] POST /v1/jobs p50/p99: {got[0][0]:.2f}/{got[0][1]:.2f} ms without "
+          f"WAIT, {got[1][0]:.2f}/{got[1][1]:.2f} ms with WAIT 1 (loopback replica)")
+
+
+def test_stack_on_sentinel_survives_a_primary_kill(dep: SentinelDeployment,
+                                                   tmp_path: Path) -> None:
+    """API and worker processes (`tokenq up`'s) on the Sentinel deployment: a job, the
+    primary SIGKILLed, a second job accepted after the failover completes."""
+    settings = dep.settings(state_dir=tmp_path, models_file=models_file(tmp_path))
+    st = Stack(settings, port=free_port(), workers=1, models=[FAKE], quiet=True,
+               drain_timeout_s=10,
+               env={**BASE_ENV, "TOKENQ_API__DURABLE_REPLICAS": "1"})
+    st.start_parts()
+    r = sync_client(settings, **retrying())  # type: ignore[arg-type]
+    try:
+        st.wait_ready(models=[FAKE], timeout=120)
+        with httpx.Client(base_url=st.url, timeout=30) as c:
+            first = _accepted(c, 60)
+            wait_terminal(r, [first], timeout=60)
+            dep.primary.kill()
+            killed = time.monotonic()
+            second = _accepted(c, 120)
+            accepted_after = time.monotonic() - killed
+            wait_terminal(r, [second], timeout=120)
+            done_after = time.monotonic() - killed
+        check_exactly_once(r, [first, second], 8)
+        assert dep.master_port() == dep.replica.port
+        assert all(p.poll() is None for _, p in st.worker_procs), "a worker exited"
+        print(f"\n[faults] stack on Sentinel, primary SIGKILLed: POST accepted again after "
+              f"{accepted_after:.1f}s, the job done {done_after:.1f}s after the kill")
+    finally:
+        r.close()
+        st.stop()
+
+
+def _accepted(c: httpx.Client, timeout: float) -> str:
+    """POST until 202 (a client retries the 503s of a failover), bounded."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            resp = c.post("/v1/jobs", json={"model": FAKE, "prompt": "go", "max_tokens": 8})
+            if resp.status_code == 202:
+                return str(resp.json()["id"])
+            assert resp.status_code == 503, resp.text
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "no 202 within the deadline"
+        time.sleep(0.2)

@@ -1,0 +1,134 @@
+"""Sentinel settings and the client factory (shared/redis_conn.py), without a server: bad
+settings are one clear line at start; the clients and Celery's broker are built for the
+deployment named. The failover itself: tests/faults/test_sentinel.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio.sentinel as asentinel
+import redis.sentinel
+
+from cli.stack import Stack
+from shared.celery_app import create_celery
+from shared.redis_conn import async_client, celery_broker, parse_address, sync_client
+from shared.settings import Settings, SettingsProblem
+from shared.settings_load import load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for var in [v for v in os.environ if v.upper().startswith("TOKENQ_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.chdir(tmp_path)
+
+
+def sentinel_env(monkeypatch: pytest.MonkeyPatch, sentinels: str,
+                 url: str = "redis://:pw@mymaster/3") -> None:
+    monkeypatch.setenv("TOKENQ_REDIS_URL", url)
+    monkeypatch.setenv("TOKENQ_REDIS_SENTINELS", sentinels)
+
+
+@pytest.mark.parametrize("text, want", [
+    ("s1:26379", ("s1", 26379)), (" 10.0.0.5:1 ", ("10.0.0.5", 1)),
+    ("[::1]:26379", ("::1", 26379)), ("redis-sentinel.ns.svc:65535",
+                                      ("redis-sentinel.ns.svc", 65535)),
+])
+def test_sentinel_addresses(text: str, want: tuple[str, int]) -> None:
+    assert parse_address(text) == want
+
+
+@pytest.mark.parametrize("bad", [
+    "s1", "s1:", ":26379", "s1:0", "s1:65536", "s1:26379x", "s1:-1", "s 1:26379",
+    "sentinel://s1:26379", "s1:\uff12\uff16\uff13\uff17\uff19", "[zz]:1", "a/b:1",
+    "s1:26379;rm -rf",
+])
+def test_a_bad_sentinel_is_one_clear_line(monkeypatch: pytest.MonkeyPatch, bad: str) -> None:
+    sentinel_env(monkeypatch, f"ok:26379,{bad}")
+    with pytest.raises(SettingsProblem) as exc:
+        load_settings()
+    msg = str(exc.value)
+    assert msg.startswith("TOKENQ_REDIS_SENTINELS="), msg
+    assert repr(bad.strip()) in msg and "host:port" in msg and "\n" not in msg, msg
+
+
+def test_sentinels_need_a_url_with_the_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOKENQ_REDIS_SENTINELS", "s1:26379")
+    with pytest.raises(SettingsProblem, match="needs TOKENQ_REDIS_URL"):
+        load_settings()
+    sentinel_env(monkeypatch, "s1:26379", url="redis://mymaster/0")
+    with pytest.raises(SettingsProblem, match="password-protected"):
+        load_settings()
+    sentinel_env(monkeypatch, "s1:26379", url="unix:///run/redis.sock?password=x")
+    with pytest.raises(SettingsProblem, match="unix socket"):
+        load_settings()
+    # Sentinels on this machine, in dev: no password needed, as for a loopback Redis.
+    sentinel_env(monkeypatch, "127.0.0.1:26379", url="redis://127.0.0.1:6379/0")
+    assert load_settings().redis_sentinels == ["127.0.0.1:26379"]
+    monkeypatch.setenv("TOKENQ_REDIS_MASTER_NAME", "my master")
+    with pytest.raises(SettingsProblem, match="TOKENQ_REDIS_MASTER_NAME"):
+        load_settings()
+
+
+def test_without_sentinels_clients_are_plain() -> None:
+    s = Settings(redis_url="redis://127.0.0.1:1/4")
+    c = sync_client(s, decode_responses=True)
+    assert type(c.connection_pool) is redis.ConnectionPool
+    assert c.connection_pool.connection_kwargs["db"] == 4
+    assert celery_broker(s) == ("redis://127.0.0.1:1/4", {})
+    assert sync_client(s, url="redis://127.0.0.1:2/0").connection_pool.connection_kwargs[
+        "port"] == 2
+
+
+def test_with_sentinels_clients_ask_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    sentinel_env(monkeypatch, "s1:26379,[::1]:26380")
+    monkeypatch.setenv("TOKENQ_REDIS_MASTER_NAME", "prod")
+    monkeypatch.setenv("TOKENQ_REDIS_SENTINEL_PASSWORD", "sp@ss")
+    s = load_settings()
+    c = sync_client(s, decode_responses=True, max_connections=7)
+    pool = c.connection_pool
+    assert isinstance(pool, redis.sentinel.SentinelConnectionPool)
+    assert pool.service_name == "prod" and pool.max_connections == 7
+    kw = pool.connection_kwargs
+    assert (kw["password"], kw["db"], kw["decode_responses"]) == ("pw", 3, True)
+    assert "host" not in kw  # the URL's host (mymaster) is not a node
+    sentinels = pool.sentinel_manager.sentinels
+    got = [(x.connection_pool.connection_kwargs["host"],
+            x.connection_pool.connection_kwargs["port"],
+            x.connection_pool.connection_kwargs["password"]) for x in sentinels]
+    assert got == [("s1", 26379, "sp@ss"), ("::1", 26380, "sp@ss")]
+    a = async_client(s)
+    assert isinstance(a.connection_pool, asentinel.SentinelConnectionPool)
+    assert a.connection_pool.connection_kwargs["password"] == "pw"
+
+
+def test_celery_broker_through_sentinel(monkeypatch: pytest.MonkeyPatch) -> None:
+    sentinel_env(monkeypatch, "s1:26379,s2:26380", url="redis://:p%40ss@mymaster/2")
+    monkeypatch.setenv("TOKENQ_REDIS_SENTINEL_PASSWORD", "sp")
+    s = load_settings()
+    url, options = celery_broker(s)
+    assert url == "sentinel://:p%40ss@s1:26379/2;sentinel://:p%40ss@s2:26380/2"
+    assert options["master_name"] == "mymaster"
+    assert options["sentinel_kwargs"]["password"] == "sp"
+    app = create_celery(s)
+    assert app.conf.broker_transport_options["master_name"] == "mymaster"
+    assert app.conf.broker_transport_options["queue_order_strategy"] == "priority"
+    conn = app.connection_for_write()
+    assert conn.transport_cls == "sentinel" and conn.hostname == "s1"
+    assert conn.password == "p@ss" and conn.virtual_host in ("2", 2)
+    assert [a.split("@")[1] for a in conn.alt] == ["s1:26379/2", "s2:26380/2"]
+
+
+def test_stack_hands_the_sentinels_to_its_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    sentinel_env(monkeypatch, "s1:26379")
+    monkeypatch.setenv("TOKENQ_REDIS_SENTINEL_PASSWORD", "sp")
+    s = load_settings()
+    for var in ("TOKENQ_REDIS_SENTINELS", "TOKENQ_REDIS_SENTINEL_PASSWORD"):
+        monkeypatch.delenv(var)  # given as arguments only: the children still get them
+    env = Stack(s, redis_url="redis://:pw@mymaster/3")._env()
+    assert (env["TOKENQ_REDIS_SENTINELS"], env["TOKENQ_REDIS_MASTER_NAME"],
+            env["TOKENQ_REDIS_SENTINEL_PASSWORD"]) == ("s1:26379", "mymaster", "sp")
+    assert "TOKENQ_REDIS_SENTINELS" not in Stack(Settings())._env()
