@@ -185,8 +185,11 @@ def test_wait_cost_per_post(dep: SentinelDeployment, tmp_path: Path) -> None:
 
 def test_stack_on_sentinel_survives_a_primary_kill(dep: SentinelDeployment,
                                                    tmp_path: Path) -> None:
-    """API and worker processes (`tokenq up`'s) on the Sentinel deployment: a job, the
-    primary SIGKILLed, a second job accepted after the failover completes."""
+    """API and worker processes (`tokenq up`'s) on the Sentinel deployment, durable
+    acceptance on: a job, the primary SIGKILLed, then a second job. With one replica the
+    promoted node has none left, so POSTs answer 503 `not_replicated` (never a 202 that a
+    second failover could lose) until the dead node is back, as a replica; then the
+    second job is accepted and completes."""
     settings = dep.settings(state_dir=tmp_path, models_file=models_file(tmp_path))
     st = Stack(settings, port=free_port(), workers=1, models=[FAKE], quiet=True,
                drain_timeout_s=10,
@@ -200,18 +203,37 @@ def test_stack_on_sentinel_survives_a_primary_kill(dep: SentinelDeployment,
             wait_terminal(r, [first], timeout=60)
             dep.primary.kill()
             killed = time.monotonic()
+            promoted = wait_for("the replica promoted",
+                                lambda: dep.master_port() == dep.replica.port, timeout=90)
+            refused = wait_for("POST answered 503 not_replicated by the promoted node",
+                               lambda: _refused_not_replicated(c), timeout=90)
+            dep.primary.start()  # the dead host is back: sentinels make it a replica
+            back = time.monotonic()
             second = _accepted(c, 120)
-            accepted_after = time.monotonic() - killed
+            accepted_after = time.monotonic() - back
             wait_terminal(r, [second], timeout=120)
-            done_after = time.monotonic() - killed
+            done_after = time.monotonic() - back
         check_exactly_once(r, [first, second], 8)
         assert dep.master_port() == dep.replica.port
+        assert dep.client_of(dep.primary).info("replication")["role"] == "slave"
         assert all(p.poll() is None for _, p in st.worker_procs), "a worker exited"
-        print(f"\n[faults] stack on Sentinel, primary SIGKILLed: POST accepted again after "
-              f"{accepted_after:.1f}s, the job done {done_after:.1f}s after the kill")
+        print(f"\n[faults] stack on Sentinel (durable 1), primary SIGKILLed: promoted after "
+              f"{promoted:.1f}s, POSTs 503 not_replicated {refused + promoted:.1f}s after "
+              f"the kill; old node back: a POST accepted {accepted_after:.1f}s later, "
+              f"its job done {done_after:.1f}s after it came back "
+              f"(total {time.monotonic() - killed:.1f}s; machine shared)")
     finally:
         r.close()
         st.stop()
+
+
+def _refused_not_replicated(c: httpx.Client) -> bool:
+    try:
+        resp = c.post("/v1/jobs", json={"model": FAKE, "prompt": "go", "max_tokens": 8})
+    except httpx.TransportError:
+        return False
+    assert resp.status_code in (202, 503), resp.text
+    return resp.status_code == 503 and resp.json()["error"]["code"] == "not_replicated"
 
 
 def _accepted(c: httpx.Client, timeout: float) -> str:
