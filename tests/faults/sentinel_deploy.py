@@ -1,5 +1,5 @@
 """A Redis Sentinel deployment on loopback for the failover tests: a primary, one replica
-and three sentinels (quorum 2), each a child process on a free port, killed at the end.
+(or more) and three sentinels (quorum 2), each a child process on a free port, killed at the end.
 
 Sentinel's timings are short (down after 1 s, failover timeout 3 s) so a failover takes
 seconds; every wait here is bounded and fails with what it was waiting for.
@@ -38,9 +38,10 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> flo
 
 
 class SentinelDeployment:
-    def __init__(self, root: Path, *, down_after_ms: int = 1000,
+    def __init__(self, root: Path, *, replicas: int = 1, down_after_ms: int = 1000,
                  failover_timeout_ms: int = 3000):
         self.root = root
+        self.replicas = replicas
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
         self.nodes: list[EmbeddedRedis] = []
@@ -57,25 +58,26 @@ class SentinelDeployment:
 
     def start(self) -> SentinelDeployment:
         self.nodes.append(EmbeddedRedis(self.root / "n0", extra_args=REPL_ARGS).start())
-        self.nodes.append(EmbeddedRedis(
-            self.root / "n1", extra_args=(*REPL_ARGS, "--replicaof", "127.0.0.1",
-                                          str(self.primary.port))).start())
-        self.wait_replica_synced(self.replica)
+        for i in range(1, self.replicas + 1):
+            self.nodes.append(EmbeddedRedis(
+                self.root / f"n{i}", extra_args=(*REPL_ARGS, "--replicaof", "127.0.0.1",
+                                                 str(self.primary.port))).start())
+            self.wait_replica_synced(self.nodes[i])
         for i in range(3):
             self.sentinel_ports.append(self._start_sentinel(i))
         for port in self.sentinel_ports:
-            wait_for(f"sentinel {port} to see the replica and 2 other sentinels",
+            wait_for(f"sentinel {port} to see the replicas and 2 other sentinels",
                      lambda port=port: self._sees_all(port))  # type: ignore[misc]
         return self
 
-    @staticmethod
-    def _sees_all(port: int) -> bool:
+    def _sees_all(self, port: int) -> bool:
         s = redis.Redis(port=port, decode_responses=True, socket_timeout=5)
         try:
             got: dict[str, Any] = s.sentinel_master(MASTER)  # type: ignore[assignment]
         finally:
             s.close()
-        return int(got["num-slaves"]) == 1 and int(got["num-other-sentinels"]) == 2
+        return (int(got["num-slaves"]) == self.replicas
+                and int(got["num-other-sentinels"]) == 2)
 
     def _start_sentinel(self, i: int) -> int:
         port = free_port()

@@ -249,3 +249,29 @@ def _accepted(c: httpx.Client, timeout: float) -> str:
             pass
         assert time.monotonic() < deadline, "no 202 within the deadline"
         time.sleep(0.2)
+
+
+def test_two_replicas_accept_again_after_a_failover(tmp_path: Path) -> None:
+    """The topology durable acceptance wants: primary + 2 replicas. After the primary's
+    SIGKILL the promoted node still has a replica to acknowledge, so POSTs are accepted
+    again (202, durable) without anyone restarting the dead node."""
+    with sentinel_deployment(tmp_path / "redis", replicas=2) as dep:
+        settings = dep.settings(state_dir=tmp_path, models_file=models_file(tmp_path),
+                                served_models=[FAKE],
+                                api=ApiSettings(durable_replicas=1, durable_timeout_ms=500))
+        with TestClient(create_app(settings)) as client:
+            assert _post(client).status_code == 202
+            dep.primary.kill()
+            killed = time.monotonic()
+            accepted = wait_for("a durable 202 after the failover",
+                                lambda: _post(client).status_code == 202, timeout=120)
+            job_id = _post(client).json()["id"]
+        new_master = dep.master_port()
+        assert new_master in (dep.nodes[1].port, dep.nodes[2].port)
+        other = dep.nodes[2] if new_master == dep.nodes[1].port else dep.nodes[1]
+        follower = dep.client_of(other)
+        assert follower.hget(keys.job(job_id), "state") == "queued"  # WAIT saw it there
+        follower.close()
+    print(f"\n[faults] primary + 2 replicas, durable 1: POSTs accepted again {accepted:.1f}s "
+          f"after the primary's SIGKILL ({time.monotonic() - killed:.1f}s to the end; "
+          "machine shared)")
