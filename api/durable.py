@@ -9,8 +9,9 @@ acknowledged the write.
 Fewer within ``TOKENQ_API__DURABLE_TIMEOUT_MS``: 503 ``not_replicated`` (retryable). The
 job does exist on the primary then (WAIT cannot undo a write), and may reach the replica
 later or be lost with the primary:
-- with an Idempotency-Key it is kept: a retry with the same key answers this very job, and
-  the message names it (GET /v1/jobs/{id} tells whether it survived);
+- with an Idempotency-Key it is kept, and the message names it (GET /v1/jobs/{id} tells
+  whether it survived). A retry with the same key answers this very job, and only once it
+  is on enough replicas (`check_replay`): else another 503 naming it;
 - without one it is cancelled at once, so the client's retry does not run the request a
   second time (and a replica outage does not turn every retried POST into a job that runs
   unseen). A cancel that cannot be written leaves it queued: at-least-once, never lost
@@ -47,6 +48,9 @@ async def create(state: AppState, job_id: str, fields: dict[str, str], *, tenant
         job_id, fields, tenant=tenant, queue=queue, message=message, replicas=need,
         timeout_ms=timeout_ms, queue_limit=queue_limit, tenant_limit=tenant_limit, now=now,
         idem=idem)
+    if isinstance(created, jobs.Replayed):
+        # The create wrote nothing: WAIT said nothing about the key's job.
+        await check_replay(state, created.job_id)
     if not isinstance(created, jobs.Created) or acked >= need:
         return created
     short = (f"{acked} of {need} Redis replicas acknowledged the job within {timeout_ms} ms, "
@@ -65,3 +69,18 @@ async def create(state: AppState, job_id: str, fields: dict[str, str], *, tenant
                 extra={"job_id": job_id})
     raise NotReplicated(f"{short}: it was {'cancelled' if cancelled else 'not confirmed'}; "
                         "retry")
+
+
+async def check_replay(state: AppState, job_id: str) -> None:
+    """An Idempotency-Key's earlier job, answered again: a 202 for it means the same as for
+    a new one. Its write (by another request, maybe answered 503 `not_replicated`) is
+    covered by a WAIT after a barrier write (AsyncJobStore.wait_replicated)."""
+    need = state.settings.api.durable_replicas
+    if not need:
+        return
+    timeout_ms = state.settings.api.durable_timeout_ms
+    acked = await state.jobs.wait_replicated(need, timeout_ms)
+    if acked < need:
+        raise NotReplicated(f"{acked} of {need} Redis replicas acknowledged within "
+                            f"{timeout_ms} ms, so a Redis failover could lose job {job_id}; "
+                            "retry with the same Idempotency-Key, or GET /v1/jobs/" + job_id)

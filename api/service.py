@@ -253,8 +253,7 @@ async def _prepare_embedding(state: AppState, tenant: str, req: JobRequest, base
 
 async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = None,
                   deadline: float | None = None, extra: dict[str, str] | None = None,
-                  queue_limit: int | None = None, tenant_limit: int = 0,
-                  idem: Idem | None = None,
+                  queue_limit: int | None = None, tenant_limit: int = 0, idem: Idem | None = None,
                   acked: bool = False) -> tuple[jobs.CreateResult, str, float]:
     """Record + Celery message + `queued` event in one atomic step: (what the store
     answered, the job id, its created_at). With an Idempotency-Key the store may answer
@@ -307,6 +306,7 @@ async def submit_once(state: AppState, tenant: str, req: JobRequest, idem: Idem 
             idempotency.check_same_body(idem, sha)
             again = await replayed(state, job_id, req)
             if again is not None:
+                await durable.check_replay(state, job_id)
                 return again, True
     if state.draining:
         raise Draining("this API replica is shutting down; retry (another replica will serve)")

@@ -91,6 +91,9 @@ WORKERS = f"{PREFIX}:workers"
 RUNNING = f"{PREFIX}:running"
 QUEUED = f"{PREFIX}:queued"
 KOMBU_UNACKED = "unacked"  # kombu's Redis transport default (unacked_key)
+# A pub/sub channel nobody subscribes to: a PUBLISH there is a write that replicates, so
+# a WAIT after it covers everything the primary wrote before (api/durable.py).
+DURABLE_BARRIER = f"{PREFIX}:durable"
 
 
 def api_wake(instance: str) -> str:

@@ -154,6 +154,16 @@ class AsyncJobStore:
         raw, acked = await pipe.execute()
         return call.decode(raw), int(acked)
 
+    async def wait_replicated(self, replicas: int, timeout_ms: int) -> int:
+        """How many replicas (WAIT, at most `timeout_ms`) have every write the primary made
+        before now, whichever connection made it: a PUBLISH (a write that replicates) then
+        WAIT on the same connection."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.publish(keys.DURABLE_BARRIER, "")
+        pipe.wait(replicas, timeout_ms)
+        _, acked = await pipe.execute()
+        return int(acked)
+
     async def cancel(self, job_id: str, ttl: int | None = None) -> Cancelled:
         return await self._run(_cancel(self.s, job_id, ttl))
 
