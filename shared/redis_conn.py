@@ -53,18 +53,16 @@ def _addresses(settings: Settings) -> list[tuple[str, int]]:
 
 
 def _master_kwargs(url: str) -> dict[str, Any]:
-    """The URL's credentials, db and TLS, for connections to whichever node is master."""
+    """The URL's credentials, db, TLS and query options, for connections to whichever
+    node is master (its host and port are not used)."""
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss"):
         raise ValueError(f"TOKENQ_REDIS_URL with sentinels must be redis:// or rediss://, "
                          f"not {parts.scheme}://")
-    out: dict[str, Any] = {}
-    got = redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
-    for name in ("username", "password", "db"):
-        if got.get(name) is not None:
-            out[name] = got[name]
+    got: dict[str, Any] = redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
+    out = {k: v for k, v in got.items() if k not in ("host", "port", "connection_class")}
     if parts.scheme == "rediss":
-        out["ssl"] = True
+        out["ssl"] = True  # SentinelManagedSSLConnection
     return out
 
 

@@ -95,6 +95,10 @@ def test_with_sentinels_clients_ask_them(monkeypatch: pytest.MonkeyPatch) -> Non
     kw = pool.connection_kwargs
     assert (kw["password"], kw["db"], kw["decode_responses"]) == ("pw", 3, True)
     assert "host" not in kw  # the URL's host (mymaster) is not a node
+    tls = sync_client(Settings(redis_url="rediss://:pw@m/1?socket_timeout=3",
+                               redis_sentinels=["s1:1"]))
+    assert tls.connection_pool.connection_kwargs["socket_timeout"] == 3
+    assert tls.connection_pool.connection_class is redis.sentinel.SentinelManagedSSLConnection
     sentinels = pool.sentinel_manager.sentinels
     got = [(x.connection_pool.connection_kwargs["host"],
             x.connection_pool.connection_kwargs["port"],
