@@ -43,8 +43,9 @@ def parse_address(text: str) -> tuple[str, int]:
     else:
         ok_host = _HOST.fullmatch(host) is not None
     if not sep or not ok_host or not port.isascii() or not port.isdigit() \
-            or not 0 < int(port) < 65536:
-        raise ValueError(f"sentinel {entry!r} is not host:port; expected {SENTINELS_FORM}")
+            or len(port) > 5 or not 0 < int(port) < 65536:
+        shown = entry if len(entry) <= 80 else entry[:80] + "..."
+        raise ValueError(f"sentinel {shown!r} is not host:port; expected {SENTINELS_FORM}")
     return host, int(port)
 
 

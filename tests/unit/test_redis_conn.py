@@ -55,6 +55,13 @@ def test_a_bad_sentinel_is_one_clear_line(monkeypatch: pytest.MonkeyPatch, bad: 
     assert repr(bad.strip()) in msg and "host:port" in msg and "\n" not in msg, msg
 
 
+def test_a_huge_sentinel_entry_is_cut_in_the_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    sentinel_env(monkeypatch, "s1:" + "9" * 5000)
+    with pytest.raises(SettingsProblem) as exc:
+        load_settings()
+    assert "not host:port" in str(exc.value) and "..." in str(exc.value)
+
+
 def test_sentinels_need_a_url_with_the_password(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOKENQ_REDIS_SENTINELS", "s1:26379")
     with pytest.raises(SettingsProblem, match="needs TOKENQ_REDIS_URL"):
