@@ -1,0 +1,192 @@
+"""`tokenq bench --scale`, part (a): SSE fan-out on one API process.
+
+A synthetic token source stands in for a worker's engine: a child process that acquires
+the jobs through the job store (shared/store.py) and hands steps to the worker's own
+Publisher (workers/publisher.py), so every token goes the real way, publisher -> `append`
+script -> the job's stream -> the API's shared XREAD (api/streams.py) -> SSE. It writes at
+a fixed total rate, round-robin over the jobs, each token's text being the wall-clock time
+the step was made: a client on the same host subtracts it from its own receive time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.synchronize import Event as MpEvent
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from shared.jobs import Acquired
+from shared.settings import Settings
+from shared.store import JobStore
+
+SOURCE_WORKER = "bench-scale-source"
+STEP_S = 0.02  # the source's step: an engine step of 20 ms
+RENEW_S = 5.0  # the source keeps its leases, as a worker's heartbeat does
+TERMINAL = frozenset({"done", "error", "cancelled"})
+
+
+@dataclass
+class SourceSpec:
+    redis_url: str
+    state_dir: str
+    models_file: str
+    job_ids: list[str]
+    rate: float  # tokens/s, all jobs together
+    seconds: float
+
+
+def run_source(spec: SourceSpec, ready: MpEvent, go: MpEvent, out: Any) -> None:
+    """The child process: acquire every job, wait for `go`, write tokens for `seconds`,
+    end every job (`length`), put a summary on `out`."""
+    from workers.engines.base import Finished, StepOutput, TokenDelta
+    from workers.publisher import Publisher
+
+    settings = Settings(redis_url=spec.redis_url, state_dir=Path(spec.state_dir),
+                        models_file=Path(spec.models_file))
+    r = redis.Redis.from_url(spec.redis_url, decode_responses=True)
+    store = JobStore(r, settings)
+    jobs: list[tuple[str, int]] = []
+    for job_id in spec.job_ids:
+        got = store.acquire(job_id, SOURCE_WORKER)
+        if isinstance(got, Acquired):
+            jobs.append((job_id, got.attempt))
+    pub = Publisher(store)
+    for job_id, attempt in jobs:
+        pub.track(job_id, attempt)
+    pub.start()
+    ready.set()
+    summary: dict[str, Any] = {"jobs": len(jobs), "tokens": 0, "late_max_ms": 0.0}
+    if not go.wait(300) or not jobs:
+        pub.stop()
+        out.put(summary)
+        return
+    index = dict.fromkeys((j for j, _ in jobs), 0)
+    steps = max(1, int(spec.seconds / STEP_S))
+    per_step, carry, pos = spec.rate * STEP_S, 0.0, 0
+    t0 = next_renew = time.monotonic()
+    for n in range(steps):
+        due = t0 + n * STEP_S
+        now = time.monotonic()
+        if due > now:
+            time.sleep(due - now)
+        else:
+            summary["late_max_ms"] = max(summary["late_max_ms"], 1000 * (now - due))
+        if now >= next_renew:
+            store.renew(jobs, SOURCE_WORKER)
+            next_renew = now + RENEW_S
+        carry += per_step
+        count, carry = int(carry), carry - int(carry)
+        stamp = f"{time.time():.6f}"
+        step = StepOutput()
+        for _ in range(count):
+            job_id, attempt = jobs[pos % len(jobs)]
+            pos += 1
+            i = index[job_id]
+            step.tokens.append(TokenDelta(job_id, attempt, i, stamp, i))
+            index[job_id] = i + 1
+        summary["tokens"] += count
+        pub.sink(step)
+    summary["source_s"] = time.monotonic() - t0
+    last = StepOutput(finished=[Finished(j, a, "length", 1, index[j]) for j, a in jobs])
+    pub.sink(last)
+    last.flushed.wait(120)
+    pub.stop()
+    r.close()
+    out.put(summary)
+
+
+@dataclass
+class Fanout:
+    opened: int = 0
+    started: int = 0  # streams that saw their job's `started` event: subscribed
+    ended: int = 0
+    errors: int = 0
+    tokens: int = 0
+    latencies: list[float] = field(default_factory=list)
+    last_token: float = 0.0
+    all_started: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def _client(http: httpx.AsyncClient, job_id: str, f: Fanout, total: int,
+                  gate: asyncio.Semaphore) -> None:
+    event, data, held = "", "", True
+    await gate.acquire()
+    try:
+        async with http.stream("GET", f"/v1/jobs/{job_id}/events") as resp:
+            resp.raise_for_status()
+            f.opened += 1
+            async for line in resp.aiter_lines():
+                if line:
+                    if line.startswith("event:"):
+                        event = line[6:].strip()
+                    elif line.startswith("data:"):
+                        data = line[5:].strip()
+                    continue
+                if not data:  # the end of a keep-alive comment
+                    continue
+                name, payload, event, data = event, data, "", ""
+                if name == "token":
+                    now = time.time()
+                    f.latencies.append(now - float(json.loads(payload)["text"]))
+                    f.tokens += 1
+                    f.last_token = now
+                elif name == "started":
+                    if held:
+                        gate.release()
+                        held = False
+                    f.started += 1
+                    if f.started == total:
+                        f.all_started.set()
+                elif name in TERMINAL:
+                    f.ended += 1
+                    return
+    except (httpx.HTTPError, ValueError, KeyError):
+        f.errors += 1
+    finally:
+        if held:
+            gate.release()
+
+
+async def fanout(url: str, api_key: str, job_ids: list[str], on_go: Callable[[], None],
+                 connect_limit_s: float, stream_limit_s: float) -> tuple[Fanout, float]:
+    """Open one SSE stream per job (64 connecting at a time), call `on_go` once all are
+    subscribed (or after connect_limit_s), and read them to their terminal events; the
+    Fanout and the time `on_go` was called."""
+    f = Fanout()
+    limits = httpx.Limits(max_connections=len(job_ids) + 8, max_keepalive_connections=8)
+    timeout = httpx.Timeout(30.0, read=stream_limit_s + connect_limit_s)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout,
+                                 headers={"Authorization": f"Bearer {api_key}"}) as http:
+        gate = asyncio.Semaphore(64)
+        tasks = [asyncio.create_task(_client(http, j, f, len(job_ids), gate))
+                 for j in job_ids]
+        try:
+            await asyncio.wait_for(f.all_started.wait(), connect_limit_s)
+        except TimeoutError:
+            pass
+        t_go = time.time()
+        on_go()
+        _, pending = await asyncio.wait(tasks, timeout=stream_limit_s)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    return f, t_go
+
+
+def start_source(spec: SourceSpec) -> tuple[Any, MpEvent, MpEvent, Any]:
+    """The source process (spawned: no threads of ours are forked into it), its ready and go
+    events, and the queue its summary comes back on."""
+    ctx = mp.get_context("spawn")
+    ready, go, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=run_source, args=(spec, ready, go, out), daemon=True,
+                       name="tokenq-bench-source")
+    proc.start()
+    return proc, ready, go, out
