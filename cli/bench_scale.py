@@ -16,11 +16,9 @@ machine's cores together. Every loop is bounded in count and in time.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import resource
 import secrets
-import statistics
 import tempfile
 import time
 from collections import Counter
@@ -33,7 +31,8 @@ import httpx
 import psutil
 import redis
 
-from cli.bench_scale_sse import SourceSpec, fanout, start_source
+from cli.bench_scale_load import Meter, bound, post_jobs, send, used_memory
+from cli.bench_scale_sse import part_sse
 from cli.stack import Stack
 from shared import keys
 from shared.redis_server import free_port
@@ -42,9 +41,6 @@ from shared.settings import Settings
 SSE_MODEL, IDLE_MODEL, DRAIN_MODEL = "scale-sse", "scale-idle", "scale-drain"
 TENANT = "bench"
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})
-WHY = {"api": "its one event loop", "redis": "Redis runs commands on one thread",
-       "worker": "one Celery worker process and its GIL",
-       "bench": "the load generator itself", "source": "the synthetic token source"}
 Say = Callable[[str], None]
 
 
@@ -55,7 +51,7 @@ class ScaleConfig:
     stream_s: float = 20.0
     posts: int = 2000
     concurrency: int = 64  # requests in flight in (b)
-    backlog: int = 20_000
+    backlog: int = 40_000
     backlog_tokens: int = 4
     drain_slots: int = 32
     drain_limit_s: float = 180.0
@@ -66,150 +62,20 @@ class ScaleConfig:
                    backlog=200, drain_limit_s=90.0)
 
 
-def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
-
-
-class Meter:
-    """CPU seconds of each process of the stack (and of this one), between snapshots."""
-
-    def __init__(self) -> None:
-        self.procs: dict[str, psutil.Process] = {"bench": psutil.Process()}
-
-    def add(self, name: str, pid: int | None) -> None:
-        if pid is not None:
-            self.procs[name] = psutil.Process(pid)
-
-    def snap(self) -> dict[str, float]:
-        out = {}
-        for name, p in self.procs.items():
-            try:
-                t = p.cpu_times()
-                out[name] = t.user + t.system
-            except psutil.Error:
-                out[name] = 0.0
-        return out
-
-    @staticmethod
-    def cores(a: dict[str, float], b: dict[str, float], wall: float) -> dict[str, float]:
-        return {k: (b[k] - a.get(k, 0.0)) / max(wall, 1e-9) for k in b}
-
-
-def bound(cores: dict[str, float]) -> str:
-    used = ", ".join(f"{k} {v:.2f}" for k, v in sorted(cores.items(), key=lambda kv: -kv[1]))
-    top = max(cores, key=lambda k: cores[k])
-    n = psutil.cpu_count() or 1
-    if cores[top] >= 0.85:
-        why = f"the {top} process at a full core ({WHY.get(top, top)})"
-    elif sum(cores.values()) >= 0.8 * n:
-        why = f"the machine's {n} cores, shared by every process"
-    else:
-        why = "no process at a full core: round trips and waits, not CPU"
-    return f"CPU (cores) {used} -> bound: {why}"
-
-
-def used_memory(r: redis.Redis) -> int:
-    info: dict[str, Any] = r.info("memory")  # type: ignore[assignment]
-    return int(info["used_memory"])
-
-
-async def _requests(url: str, key: str, method: str, paths: list[str],
-                    body: dict[str, Any] | None, concurrency: int,
-                    limit_s: float) -> tuple[list[str], Counter[int], float]:
-    """Send each request once, `concurrency` at a time: the ids answered, the status codes
-    (0: no answer) and the wall time."""
-    ids: list[str] = []
-    codes: Counter[int] = Counter()
-    todo = iter(paths)
-    deadline = time.monotonic() + limit_s
-
-    async def lane(http: httpx.AsyncClient) -> None:
-        for path in todo:
-            if time.monotonic() > deadline:
-                codes[0] += 1
-                continue
-            try:
-                resp = await http.request(method, path, json=body)
-            except httpx.HTTPError:
-                codes[0] += 1
-                continue
-            codes[resp.status_code] += 1
-            if resp.status_code < 300:
-                ids.append(resp.json()["id"])
-
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60,
-                                 headers={"Authorization": f"Bearer {key}"}) as http:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(lane(http) for _ in range(concurrency)))
-        return ids, codes, time.perf_counter() - t0
-
-
-def post_jobs(url: str, key: str, model: str, n: int, concurrency: int,
-              max_tokens: int = 16) -> tuple[list[str], Counter[int], float]:
-    body = {"model": model, "prompt": "scale bench job", "max_tokens": max_tokens}
-    return asyncio.run(_requests(url, key, "POST", ["/v1/jobs"] * n, body, concurrency, 300))
-
-
-def part_sse(stack: Stack, cfg: ScaleConfig, key: str, meter: Meter, r: redis.Redis,
-             say: Say) -> dict[str, Any]:
-    ids, codes, _ = post_jobs(stack.url, key, SSE_MODEL, cfg.clients, 64, max_tokens=1024)
-    if len(ids) < cfg.clients:
-        say(f"(a) only {len(ids)} of {cfg.clients} jobs were accepted: {dict(codes)}")
-    spec = SourceSpec(stack.redis_url, str(stack.settings.state_dir),
-                      str(stack.settings.models_file), ids, cfg.token_rate, cfg.stream_s)
-    proc, ready, go, out = start_source(spec)
-    try:
-        if not ready.wait(180):
-            raise RuntimeError("the token source did not start")
-        meter.add("source", proc.pid)
-        at_go: dict[str, float] = {}
-
-        def on_go() -> None:
-            at_go.update(meter.snap())
-            go.set()
-
-        connect_s = 30 + cfg.clients / 20
-        f, t_go = asyncio.run(fanout(stack.url, key, ids, on_go, connect_s, cfg.stream_s + 120))
-        wall = max(f.last_token - t_go, 1e-9)
-        cores = Meter.cores(at_go, meter.snap(), wall)
-        summary: dict[str, Any] = out.get(timeout=120)
-    finally:
-        proc.join(30)
-        if proc.is_alive():
-            proc.kill()
-        meter.procs.pop("source", None)
-    sample = ids[:50]
+def breakdown(r: redis.Redis, job_ids: list[str]) -> dict[str, float]:
+    """Where a job's bytes are (MEMORY USAGE, mean over up to 50 jobs): its record, its
+    stream, and its Celery message (kept twice while queued: in the queue and the record)."""
+    sample = job_ids[:50]
     pipe = r.pipeline(transaction=False)
     for j in sample:
         pipe.memory_usage(keys.job(j))
         pipe.memory_usage(keys.job_events(j))
-    sizes = pipe.execute()
-    per_job = sum(int(x or 0) for x in sizes) / max(1, len(sample))
-    api_cpu_s = cores["api"] * wall
-    res = {"clients": cfg.clients, "opened": f.opened, "subscribed": f.started,
-           "ended": f.ended, "errors": f.errors, "tokens_written": summary["tokens"],
-           "tokens_received": f.tokens, "lost": summary["tokens"] - f.tokens,
-           "tok_s": f.tokens / wall, "target_tok_s": cfg.token_rate,
-           "latency_p50_ms": 1000 * pct(f.latencies, 0.5),
-           "latency_p99_ms": 1000 * pct(f.latencies, 0.99),
-           "latency_max_ms": 1000 * max(f.latencies, default=float("nan")),
-           "api_cpu_s_per_1k_tok": api_cpu_s / max(f.tokens, 1) * 1000,
-           "source_late_max_ms": summary["late_max_ms"], "cores": cores,
-           "finished_job_bytes": per_job, "finished_job_tokens": f.tokens / max(1, f.ended)}
-    say(f"(a) SSE fan-out: {f.opened} streams open on one API process, {f.started} "
-        f"subscribed, {f.ended} ended, {f.errors} errors; tokens written {summary['tokens']}, "
-        f"received {f.tokens} (lost {res['lost']})")
-    say(f"    {res['tok_s']:.0f} tok/s delivered (source set to {cfg.token_rate:.0f}); "
-        f"worker->client latency p50 {res['latency_p50_ms']:.1f} ms, p99 "
-        f"{res['latency_p99_ms']:.1f} ms, max {res['latency_max_ms']:.0f} ms; API CPU "
-        f"{res['api_cpu_s_per_1k_tok']:.2f} s per 1,000 tokens (= cores per 1,000 tok/s); "
-        f"source behind schedule at most {summary['late_max_ms']:.0f} ms")
-    say(f"    {bound(cores)}")
-    return res
+        pipe.hstrlen(keys.job(j), "msg")
+    got = pipe.execute()
+    n = max(1, len(sample))
+    return {"record": sum(int(x or 0) for x in got[0::3]) / n,
+            "stream": sum(int(x or 0) for x in got[1::3]) / n,
+            "message": sum(int(x or 0) for x in got[2::3]) / n}
 
 
 def part_posts(stack: Stack, cfg: ScaleConfig, key: str, meter: Meter, r: redis.Redis,
@@ -218,19 +84,23 @@ def part_posts(stack: Stack, cfg: ScaleConfig, key: str, meter: Meter, r: redis.
     ids, codes, wall = post_jobs(stack.url, key, IDLE_MODEL, cfg.posts, cfg.concurrency)
     cores = Meter.cores(c0, meter.snap(), wall)
     m1 = used_memory(r)
+    parts = breakdown(r, ids)
     c1 = meter.snap()
-    gone, dcodes, dwall = asyncio.run(_requests(
-        stack.url, key, "DELETE", [f"/v1/jobs/{j}" for j in ids], None, cfg.concurrency, 300))
+    gone, _, dwall = send(stack.url, key, "DELETE", [f"/v1/jobs/{j}" for j in ids], None,
+                          cfg.concurrency)
     dcores = Meter.cores(c1, meter.snap(), dwall)
     m2 = used_memory(r)
+    api_ms = 1000 * cores["api"] * wall / max(1, len(ids))
     res = {"posts": cfg.posts, "accepted": len(ids), "codes": dict(codes),
-           "posts_s": len(ids) / wall, "api_ms_per_post": 1000 * cores["api"] * wall /
-           max(1, len(ids)), "cores": cores, "deletes_s": len(gone) / dwall,
-           "delete_cores": dcores, "queued_job_bytes": (m1 - m0) / max(1, len(ids)),
+           "posts_s": len(ids) / wall, "api_ms_per_post": api_ms,
+           "api_ceiling_posts_s": 1000 / api_ms if api_ms else float("nan"), "cores": cores,
+           "deletes_s": len(gone) / dwall, "delete_cores": dcores,
+           "queued_job_bytes": (m1 - m0) / max(1, len(ids)), "queued_parts": parts,
            "cancelled_job_bytes": (m2 - m0) / max(1, len(gone))}
     say(f"(b) POST /v1/jobs: {len(ids)} of {cfg.posts} accepted ({dict(codes)}) in "
         f"{wall:.1f} s, {cfg.concurrency} in flight: {res['posts_s']:.0f} jobs/s per API "
-        f"process; API CPU {res['api_ms_per_post']:.2f} ms per POST")
+        f"process; API CPU {api_ms:.2f} ms per POST (a full core would take "
+        f"{res['api_ceiling_posts_s']:.0f}/s)")
     say(f"    {bound(cores)}")
     say(f"    cleanup DELETE /v1/jobs/{{id}}: {len(gone)} cancelled, {res['deletes_s']:.0f}/s; "
         f"{bound(dcores)}")
@@ -343,24 +213,26 @@ def part_backlog(stack: Stack, cfg: ScaleConfig, key: str, meter: Meter, r: redi
 
 def memory_lines(a: dict[str, Any], b: dict[str, Any], d: dict[str, Any],
                  s: Settings, say: Say) -> dict[str, Any]:
-    day = s.result_ttl_s
-    res = {"queued_job_bytes": b["queued_job_bytes"],
+    day, q = s.result_ttl_s, b["queued_parts"]
+    res = {"queued_job_bytes": b["queued_job_bytes"], "queued_parts": q,
            "cancelled_job_bytes": b["cancelled_job_bytes"],
            "queued_batch_line_bytes": d["queued_line_bytes"],
            "finished_batch_line_bytes": d["finished_line_bytes"],
            "finished_job_bytes": a["finished_job_bytes"],
            "finished_job_tokens": a["finished_job_tokens"],
            "result_ttl_s": day, "file_ttl_s": s.api.file_ttl_s}
-    per_s = a["finished_job_bytes"] * day / 2**30
-    say(f"(c) Redis memory (used_memory deltas): queued job (POST) {b['queued_job_bytes']:.0f} B, "
-        f"cancelled {b['cancelled_job_bytes']:.0f} B; queued batch line "
-        f"{d['queued_line_bytes']:.0f} B, finished with {d['tokens_per_job']} tokens "
-        f"{d['finished_line_bytes']:.0f} B; a finished job with "
-        f"{a['finished_job_tokens']:.0f} tokens {a['finished_job_bytes']:.0f} B "
-        f"(MEMORY USAGE of its record and stream)")
+    held = a["finished_job_bytes"] * day / 2**30
+    say(f"(c) Redis memory (used_memory delta / jobs): a queued job (POST) "
+        f"{b['queued_job_bytes']:.0f} B (its record {q['record']:.0f} B holding its "
+        f"{q['message']:.0f}-byte Celery message, which the queue holds again; its stream "
+        f"{q['stream']:.0f} B); cancelled (retained) {b['cancelled_job_bytes']:.0f} B")
+    say(f"    a batch line queued {d['queued_line_bytes']:.0f} B, finished with "
+        f"{d['tokens_per_job']} tokens {d['finished_line_bytes']:.0f} B; a finished job with "
+        f"{a['finished_job_tokens']:.0f} tokens {a['finished_job_bytes']:.0f} B (MEMORY USAGE "
+        f"of its record and stream)")
     say(f"    retention: jobs {day} s (result_ttl_s), batch lines {s.api.file_ttl_s} s "
-        f"(file_ttl_s): each finished job/s of such jobs holds {per_s:.2f} GiB at steady "
-        f"state; Redis keeps it all in memory (its bound: maxmemory / the host's RAM)")
+        f"(file_ttl_s): every finished job/s holds {held:.2f} GiB at steady state; Redis "
+        f"keeps it all in RAM (bound: maxmemory, the host's memory), one thread for all")
     return res
 
 
@@ -395,8 +267,12 @@ def run_scale(cfg: ScaleConfig, say: Say = print, state_dir: Path | None = None)
             meter.add("redis", stack.redis.proc.pid if stack.redis and stack.redis.proc
                       else None)
             r = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+            version = str(r.info("server")["redis_version"])
+            say(f"Redis {version}; {psutil.cpu_count()} cores, load average "
+                f"{psutil.getloadavg()[0]:.1f} at the start")
             t0 = time.monotonic()
-            a = part_sse(stack, cfg, key, meter, r, say)
+            a = part_sse(stack, key, meter, r, say, model=SSE_MODEL, clients=cfg.clients,
+                         rate=cfg.token_rate, seconds=cfg.stream_s)
             b = part_posts(stack, cfg, key, meter, r, say)
             d = part_backlog(stack, cfg, key, meter, r, say)
             c = memory_lines(a, b, d, settings, say)
@@ -405,4 +281,5 @@ def run_scale(cfg: ScaleConfig, say: Say = print, state_dir: Path | None = None)
             stack.stop()
     say(f"done in {time.monotonic() - t0:.0f} s (stack stopped)")
     return {"config": asdict(cfg), "sse": a, "posts": b, "memory": c, "backlog": d,
-            "cpus": psutil.cpu_count(), "loadavg_1m": statistics.fmean(psutil.getloadavg()[:1])}
+            "cpus": psutil.cpu_count(), "loadavg_1m": psutil.getloadavg()[0],
+            "redis_version": version}

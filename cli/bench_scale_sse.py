@@ -18,14 +18,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event as MpEvent
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import redis
 
+from cli.bench_scale_load import Meter, bound, pct, post_jobs
+from shared import keys
 from shared.jobs import Acquired
 from shared.settings import Settings
 from shared.store import JobStore
+
+if TYPE_CHECKING:
+    from cli.stack import Stack
 
 SOURCE_WORKER = "bench-scale-source"
 STEP_S = 0.02  # the source's step: an engine step of 20 ms
@@ -190,3 +195,63 @@ def start_source(spec: SourceSpec) -> tuple[Any, MpEvent, MpEvent, Any]:
                        name="tokenq-bench-source")
     proc.start()
     return proc, ready, go, out
+
+
+def part_sse(stack: Stack, key: str, meter: Meter, r: redis.Redis, say: Callable[[str], None],
+             *, model: str, clients: int, rate: float, seconds: float) -> dict[str, Any]:
+    """Part (a): `clients` jobs (POST), the source acquires them, one SSE stream each, then
+    `rate` tok/s for `seconds`; the figures, printed and returned."""
+    ids, codes, _ = post_jobs(stack.url, key, model, clients, 64, max_tokens=1024)
+    if len(ids) < clients:
+        say(f"(a) only {len(ids)} of {clients} jobs were accepted: {dict(codes)}")
+    spec = SourceSpec(stack.redis_url, str(stack.settings.state_dir),
+                      str(stack.settings.models_file), ids, rate, seconds)
+    proc, ready, go, out = start_source(spec)
+    try:
+        if not ready.wait(180):
+            raise RuntimeError("the token source did not start")
+        meter.add("source", proc.pid)
+        at_go: dict[str, float] = {}
+
+        def on_go() -> None:
+            at_go.update(meter.snap())
+            go.set()
+
+        connect_s = 30 + clients / 20
+        f, t_go = asyncio.run(fanout(stack.url, key, ids, on_go, connect_s, seconds + 120))
+        wall = max(f.last_token - t_go, 1e-9)
+        cores = Meter.cores(at_go, meter.snap(), wall)
+        summary: dict[str, Any] = out.get(timeout=120)
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+        meter.procs.pop("source", None)
+    sample = ids[:50]
+    pipe = r.pipeline(transaction=False)
+    for j in sample:
+        pipe.memory_usage(keys.job(j))
+        pipe.memory_usage(keys.job_events(j))
+    sizes = pipe.execute()
+    per_job = sum(int(x or 0) for x in sizes) / max(1, len(sample))
+    api_cpu_s = cores["api"] * wall
+    res = {"clients": clients, "opened": f.opened, "subscribed": f.started,
+           "ended": f.ended, "errors": f.errors, "tokens_written": summary["tokens"],
+           "tokens_received": f.tokens, "lost": summary["tokens"] - f.tokens,
+           "tok_s": f.tokens / wall, "target_tok_s": rate,
+           "latency_p50_ms": 1000 * pct(f.latencies, 0.5),
+           "latency_p99_ms": 1000 * pct(f.latencies, 0.99),
+           "latency_max_ms": 1000 * max(f.latencies, default=float("nan")),
+           "api_cpu_s_per_1k_tok": api_cpu_s / max(f.tokens, 1) * 1000,
+           "source_late_max_ms": summary["late_max_ms"], "cores": cores,
+           "finished_job_bytes": per_job, "finished_job_tokens": f.tokens / max(1, f.ended)}
+    say(f"(a) SSE fan-out: {f.opened} streams open on one API process, {f.started} "
+        f"subscribed, {f.ended} ended, {f.errors} errors; tokens written {summary['tokens']}, "
+        f"received {f.tokens} (lost {res['lost']})")
+    say(f"    {res['tok_s']:.0f} tok/s delivered (source set to {rate:.0f}); "
+        f"worker->client latency p50 {res['latency_p50_ms']:.1f} ms, p99 "
+        f"{res['latency_p99_ms']:.1f} ms, max {res['latency_max_ms']:.0f} ms; API CPU "
+        f"{res['api_cpu_s_per_1k_tok']:.2f} s per 1,000 tokens (= cores per 1,000 tok/s); "
+        f"source behind schedule at most {summary['late_max_ms']:.0f} ms")
+    say(f"    {bound(cores)}")
+    return res

@@ -207,7 +207,7 @@ def bench(
         help="--scale: tok/s the synthetic source writes to the streams (2000)")] = None,
     posts: Annotated[int | None, typer.Option(help="--scale: POST /v1/jobs count (2000)")]
     = None,
-    backlog: Annotated[int | None, typer.Option(help="--scale: backlog jobs (20000)")] = None,
+    backlog: Annotated[int | None, typer.Option(help="--scale: backlog jobs (40000)")] = None,
 ) -> None:
     """Streaming load test: tok/s, TTFT, inter-token and e2e latency per concurrency level."""
     import json
@@ -279,8 +279,10 @@ def _bench_scale(quick: bool, clients: int | None, token_rate: float | None,
     from cli.bench_scale import ScaleConfig, run_scale
 
     cfg = ScaleConfig.quick() if quick else ScaleConfig()
-    given = {"clients": clients, "token_rate": token_rate, "posts": posts, "backlog": backlog}
-    cfg = replace(cfg, **{k: v for k, v in given.items() if v is not None})
+    cfg = replace(cfg, clients=cfg.clients if clients is None else clients,
+                  token_rate=cfg.token_rate if token_rate is None else token_rate,
+                  posts=cfg.posts if posts is None else posts,
+                  backlog=cfg.backlog if backlog is None else backlog)
     result = run_scale(cfg, (lambda _: None) if json_out else typer.echo)
     if json_out:
         typer.echo(json.dumps(result, indent=2))
