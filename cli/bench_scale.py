@@ -51,7 +51,7 @@ class ScaleConfig:
     stream_s: float = 20.0
     posts: int = 2000
     concurrency: int = 64  # requests in flight in (b)
-    backlog: int = 40_000
+    backlog: int = 50_000
     backlog_tokens: int = 4
     drain_slots: int = 32
     drain_limit_s: float = 180.0

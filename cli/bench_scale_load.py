@@ -68,8 +68,9 @@ def bound(cores: dict[str, float]) -> str:
     top = max(ours, key=lambda k: ours[k])
     if ours[top] >= 0.85:
         why = f"the {top} process at a full core ({WHY.get(top, top)})"
-    elif busy >= 0.85 * n:
-        why = f"the machine's {n} cores, all busy ({others:.2f} of them other processes')"
+    elif busy >= 0.8 * n:
+        why = (f"the machine's {n} cores, all busy ({others:.2f} of them other processes'; "
+               f"of ours the {top} process works most: {WHY.get(top, top)})")
     else:
         why = "no process at a full core and cores to spare: round trips and waits"
     return f"CPU (cores) {used}; machine {busy:.2f} of {n} -> bound: {why}"

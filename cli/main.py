@@ -207,7 +207,7 @@ def bench(
         help="--scale: tok/s the synthetic source writes to the streams (2000)")] = None,
     posts: Annotated[int | None, typer.Option(help="--scale: POST /v1/jobs count (2000)")]
     = None,
-    backlog: Annotated[int | None, typer.Option(help="--scale: backlog jobs (40000)")] = None,
+    backlog: Annotated[int | None, typer.Option(help="--scale: backlog jobs (50000)")] = None,
 ) -> None:
     """Streaming load test: tok/s, TTFT, inter-token and e2e latency per concurrency level."""
     import json
