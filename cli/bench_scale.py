@@ -31,6 +31,7 @@ import httpx
 import psutil
 import redis
 
+from api.openai.batch_driver import line_job_id
 from cli.bench_scale_load import Meter, bound, post_jobs, send, used_memory
 from cli.bench_scale_sse import part_sse
 from cli.stack import Stack
@@ -159,13 +160,18 @@ def part_backlog(stack: Stack, cfg: ScaleConfig, key: str, meter: Meter, r: redi
     t_valid = t_enq = 0.0
     deadline = t0 + cfg.drain_limit_s + n / 200
     while time.monotonic() < deadline:
-        hs = [r.hmget(keys.batch(b), ["status", "enqueue_done"]) for b in batches]
-        if not t_valid and all(s != "validating" for s, _ in hs):
+        hs = [r.hmget(keys.batch(b), ["status", "enqueue_done", "errors"]) for b in batches]
+        if any(st == "failed" for st, _, _ in hs):
+            raise RuntimeError(f"a backlog batch failed validation: {hs}")
+        if not t_valid and all(st != "validating" for st, _, _ in hs):
             t_valid = time.monotonic()
-        if all(d == "1" for _, d in hs):
+        if all(done == "1" for _, done, _ in hs):
             t_enq = time.monotonic()
             break
         time.sleep(0.25)
+    if not t_enq:
+        say(f"(d) the backlog was not all enqueued within {deadline - t0:.0f} s; draining "
+            "what was")
     enq_wall = (t_enq or time.monotonic()) - t0
     enq_cores = Meter.cores(c0, meter.snap(), enq_wall)
     m1 = used_memory(r)
@@ -182,21 +188,23 @@ def part_backlog(stack: Stack, cfg: ScaleConfig, key: str, meter: Meter, r: redi
     drain_wall = time.monotonic() - t1
     drain_cores = Meter.cores(c1, meter.snap(), drain_wall)
     m2 = used_memory(r)
-    from api.openai.batch_driver import line_job_id
-
     per = [min(per_batch, n - i) for i in range(0, n, per_batch)]
     job_ids = [line_job_id(b, k) for b, count in zip(batches, per, strict=True)
                for k in range(1, count + 1)]
     chk = check_jobs(r, job_ids)
     succeeded = chk["states"].get("succeeded", 0)
-    unfinished = sum(v for s, v in chk["states"].items() if s not in TERMINAL_STATES)
+    unfinished = sum(chk["states"].get(st, 0) for st in ("queued", "running"))
+    # Lost: no record, a state that is neither live nor terminal, or not exactly one
+    # terminal event. Jobs still queued or running at the drain limit are not lost.
+    lost = n - unfinished - sum(chk["states"].get(st, 0) for st in TERMINAL_STATES) \
+        + chk["not_exactly_once"]
     res = {"backlog": n, "batches": len(batches), "tokens_per_job": cfg.backlog_tokens,
            "validate_s": (t_valid or time.monotonic()) - t0, "enqueue_s": enq_wall,
            "enqueue_lines_s": n / enq_wall, "enqueue_cores": enq_cores,
            "drain_wall_s": drain_wall, "drain_jobs_s": succeeded / chk["drain_span_s"]
            if succeeded else 0.0, "drain_cores": drain_cores, **chk,
            "succeeded": succeeded, "unfinished": unfinished,
-           "lost": n - succeeded - unfinished + chk["not_exactly_once"],
+           "lost": lost,
            "queued_line_bytes": (m1 - m0) / n, "finished_line_bytes": (m2 - m0) / n}
     say(f"(d) backlog of {n} jobs (Batch API, {len(batches)} batch(es)) on the fake engine "
         f"({cfg.backlog_tokens} tokens a job, instant): this measures the queue, not a model")
@@ -222,6 +230,7 @@ def memory_lines(a: dict[str, Any], b: dict[str, Any], d: dict[str, Any],
            "finished_job_tokens": a["finished_job_tokens"],
            "result_ttl_s": day, "file_ttl_s": s.api.file_ttl_s}
     held = a["finished_job_bytes"] * day / 2**30
+    lines_held = d["finished_line_bytes"] * s.api.file_ttl_s / 2**30
     say(f"(c) Redis memory (used_memory delta / jobs): a queued job (POST) "
         f"{b['queued_job_bytes']:.0f} B (its record {q['record']:.0f} B holding its "
         f"{q['message']:.0f}-byte Celery message, which the queue holds again; its stream "
@@ -231,8 +240,9 @@ def memory_lines(a: dict[str, Any], b: dict[str, Any], d: dict[str, Any],
         f"{a['finished_job_tokens']:.0f} tokens {a['finished_job_bytes']:.0f} B (MEMORY USAGE "
         f"of its record and stream)")
     say(f"    retention: jobs {day} s (result_ttl_s), batch lines {s.api.file_ttl_s} s "
-        f"(file_ttl_s): every finished job/s holds {held:.2f} GiB at steady state; Redis "
-        f"keeps it all in RAM (bound: maxmemory, the host's memory), one thread for all")
+        f"(file_ttl_s): at steady state every finished job/s holds {held:.2f} GiB, every "
+        f"batch line/s {lines_held:.1f} GiB; Redis keeps it all in RAM (bound: maxmemory, "
+        f"the host's memory)")
     return res
 
 
