@@ -37,11 +37,11 @@ from cli.bench_scale_sse import part_sse
 from cli.stack import Stack
 from shared import keys
 from shared.redis_server import free_port
+from shared.schemas import TERMINAL_EVENTS, TERMINAL_STATES
 from shared.settings import Settings
 
 SSE_MODEL, IDLE_MODEL, DRAIN_MODEL = "scale-sse", "scale-idle", "scale-drain"
 TENANT = "bench"
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "expired"})
 Say = Callable[[str], None]
 
 
@@ -69,8 +69,8 @@ def breakdown(r: redis.Redis, job_ids: list[str]) -> dict[str, float]:
     sample = job_ids[:50]
     pipe = r.pipeline(transaction=False)
     for j in sample:
-        pipe.memory_usage(keys.job(j))
-        pipe.memory_usage(keys.job_events(j))
+        pipe.memory_usage(keys.job(j), samples=0)
+        pipe.memory_usage(keys.job_events(j), samples=0)
         pipe.hstrlen(keys.job(j), "msg")
     got = pipe.execute()
     n = max(1, len(sample))
@@ -131,7 +131,7 @@ def check_jobs(r: redis.Redis, job_ids: list[str]) -> dict[str, Any]:
         for rec, events in zip(got[0::2], got[1::2], strict=True):
             state, s_at, f_at, dup = rec
             states[state or "missing"] += 1
-            ends = sum(1 for _, f in events if f.get("e") in ("done", "error", "cancelled"))
+            ends = sum(1 for _, f in events if f.get("e") in TERMINAL_EVENTS)
             if state in TERMINAL_STATES and ends != 1:
                 bad += 1
             dupes += int(dup or 0)

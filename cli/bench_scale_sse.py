@@ -26,6 +26,7 @@ import redis
 from cli.bench_scale_load import Meter, bound, pct, post_jobs
 from shared import keys
 from shared.jobs import Acquired
+from shared.schemas import TERMINAL_EVENTS
 from shared.settings import Settings
 from shared.store import JobStore
 
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 SOURCE_WORKER = "bench-scale-source"
 STEP_S = 0.02  # the source's step: an engine step of 20 ms
 RENEW_S = 5.0  # the source keeps its leases, as a worker's heartbeat does
-TERMINAL = frozenset({"done", "error", "cancelled"})
 
 
 @dataclass
@@ -159,7 +159,7 @@ async def _client(http: httpx.AsyncClient, job_id: str, f: Fanout, total: int,
                     f.started += 1
                     if f.started == total:
                         f.all_started.set()
-                elif name in TERMINAL:
+                elif name in TERMINAL_EVENTS:
                     f.ended += 1
                     return
     except (httpx.HTTPError, ValueError, KeyError):
@@ -239,8 +239,8 @@ def part_sse(stack: Stack, key: str, meter: Meter, r: redis.Redis, say: Callable
     sample = ids[:50]
     pipe = r.pipeline(transaction=False)
     for j in sample:
-        pipe.memory_usage(keys.job(j))
-        pipe.memory_usage(keys.job_events(j))
+        pipe.memory_usage(keys.job(j), samples=0)
+        pipe.memory_usage(keys.job_events(j), samples=0)
     sizes = pipe.execute()
     per_job = sum(int(x or 0) for x in sizes) / max(1, len(sample))
     api_cpu_s = cores["api"] * wall
