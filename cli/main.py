@@ -196,9 +196,24 @@ def bench(
         "alternating one job each way")] = 0,
     api_key: Annotated[str | None, typer.Option(
         "--api-key", envvar="TOKENQ_API_KEY", help="API key for --url")] = None,
+    scale: Annotated[bool, typer.Option(
+        "--scale", help="the queue itself, on its own stack and the fake engine: SSE "
+        "fan-out, POST /v1/jobs/s, Redis memory per job, a backlog drained with 0 lost")]
+    = False,
+    quick: Annotated[bool, typer.Option("--quick", help="--scale with small counts")] = False,
+    clients: Annotated[int | None, typer.Option(help="--scale: SSE streams (1000)")] = None,
+    token_rate: Annotated[float | None, typer.Option(
+        help="--scale: tok/s the synthetic source writes to the streams (2000)")] = None,
+    posts: Annotated[int | None, typer.Option(help="--scale: POST /v1/jobs count (2000)")]
+    = None,
+    backlog: Annotated[int | None, typer.Option(help="--scale: backlog jobs (50000)")] = None,
 ) -> None:
     """Streaming load test: tok/s, TTFT, inter-token and e2e latency per concurrency level."""
     import json
+
+    if scale:
+        _bench_scale(quick, clients, token_rate, posts, backlog, json_out)
+        return
 
     from cli.bench import bench as run_bench
     from cli.stack import Stack
@@ -251,6 +266,23 @@ def bench(
     finally:
         if stack is not None:
             stack.stop()
+    if json_out:
+        typer.echo(json.dumps(result, indent=2))
+
+
+def _bench_scale(quick: bool, clients: int | None, token_rate: float | None,
+                 posts: int | None, backlog: int | None, json_out: bool) -> None:
+    import json
+    from dataclasses import replace
+
+    from cli.bench_scale import ScaleConfig, run_scale
+
+    cfg = ScaleConfig.quick() if quick else ScaleConfig()
+    cfg = replace(cfg, clients=cfg.clients if clients is None else clients,
+                  token_rate=cfg.token_rate if token_rate is None else token_rate,
+                  posts=cfg.posts if posts is None else posts,
+                  backlog=cfg.backlog if backlog is None else backlog)
+    result = run_scale(cfg, (lambda _: None) if json_out else typer.echo)
     if json_out:
         typer.echo(json.dumps(result, indent=2))
 

@@ -1,0 +1,275 @@
+"""`tokenq bench --scale`, part (a): SSE fan-out on one API process.
+
+A synthetic token source stands in for a worker's engine: a child process that acquires
+the jobs through the job store (shared/store.py) and hands steps to the worker's own
+Publisher (workers/publisher.py), so every token goes the real way, publisher -> `append`
+script -> the job's stream -> the API's shared XREAD (api/streams.py) -> SSE. It writes at
+a fixed total rate, round-robin over the jobs, each token's text being the wall-clock time
+the step was made: a client on the same host subtracts it from its own receive time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.synchronize import Event as MpEvent
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import redis
+
+from cli.bench_scale_load import Meter, bound, pct, post_jobs
+from shared import keys
+from shared.jobs import Acquired
+from shared.schemas import TERMINAL_EVENTS
+from shared.settings import Settings
+from shared.store import JobStore
+
+if TYPE_CHECKING:
+    from cli.stack import Stack
+
+SOURCE_WORKER = "bench-scale-source"
+STEP_S = 0.02  # the source's step: an engine step of 20 ms
+RENEW_S = 5.0  # the source keeps its leases, as a worker's heartbeat does
+
+
+@dataclass
+class SourceSpec:
+    redis_url: str
+    state_dir: str
+    models_file: str
+    job_ids: list[str]
+    rate: float  # tokens/s, all jobs together
+    seconds: float
+
+
+def run_source(spec: SourceSpec, ready: MpEvent, go: MpEvent, out: Any) -> None:
+    """The child process: acquire every job, wait for `go`, write tokens for `seconds`,
+    end every job (`length`), put a summary on `out`."""
+    from workers.engines.base import Finished, StepOutput, TokenDelta
+    from workers.publisher import Publisher
+
+    settings = Settings(redis_url=spec.redis_url, state_dir=Path(spec.state_dir),
+                        models_file=Path(spec.models_file))
+    r = redis.Redis.from_url(spec.redis_url, decode_responses=True)
+    store = JobStore(r, settings)
+    jobs: list[tuple[str, int]] = []
+    for job_id in spec.job_ids:
+        got = store.acquire(job_id, SOURCE_WORKER)
+        if isinstance(got, Acquired):
+            jobs.append((job_id, got.attempt))
+    pub = Publisher(store)
+    for job_id, attempt in jobs:
+        pub.track(job_id, attempt)
+    pub.start()
+    ready.set()
+    summary: dict[str, Any] = {"jobs": len(jobs), "tokens": 0, "late_max_ms": 0.0}
+    if not go.wait(300) or not jobs:
+        pub.stop()
+        out.put(summary)
+        return
+    index = dict.fromkeys((j for j, _ in jobs), 0)
+    steps = max(1, int(spec.seconds / STEP_S))
+    per_step, carry, pos = spec.rate * STEP_S, 0.0, 0
+    t0 = next_renew = time.monotonic()
+    for n in range(steps):
+        due = t0 + n * STEP_S
+        now = time.monotonic()
+        if due > now:
+            time.sleep(due - now)
+        else:
+            summary["late_max_ms"] = max(summary["late_max_ms"], 1000 * (now - due))
+        if now >= next_renew:
+            store.renew(jobs, SOURCE_WORKER)
+            next_renew = now + RENEW_S
+        carry += per_step
+        count, carry = int(carry), carry - int(carry)
+        stamp = f"{time.time():.6f}"
+        step = StepOutput()
+        for _ in range(count):
+            job_id, attempt = jobs[pos % len(jobs)]
+            pos += 1
+            i = index[job_id]
+            step.tokens.append(TokenDelta(job_id, attempt, i, stamp, i))
+            index[job_id] = i + 1
+        summary["tokens"] += count
+        pub.sink(step)
+    summary["source_s"] = time.monotonic() - t0
+    last = StepOutput(finished=[Finished(j, a, "length", 1, index[j]) for j, a in jobs])
+    pub.sink(last)
+    last.flushed.wait(120)
+    pub.stop()
+    r.close()
+    out.put(summary)
+
+
+@dataclass
+class Fanout:
+    opened: int = 0
+    started: int = 0  # streams that saw their job's `started` event: subscribed
+    ended: int = 0
+    errors: int = 0
+    tokens: int = 0
+    latencies: list[float] = field(default_factory=list)
+    to_redis: list[float] = field(default_factory=list)  # made -> in the stream
+    from_redis: list[float] = field(default_factory=list)  # in the stream -> at the client
+    last_token: float = 0.0
+    all_started: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def _client(http: httpx.AsyncClient, job_id: str, f: Fanout, total: int,
+                  gate: asyncio.Semaphore) -> None:
+    event, data, eid, held = "", "", "", True
+    await gate.acquire()
+    try:
+        async with http.stream("GET", f"/v1/jobs/{job_id}/events") as resp:
+            resp.raise_for_status()
+            f.opened += 1
+            async for line in resp.aiter_lines():
+                if line:
+                    if line.startswith("event:"):
+                        event = line[6:].strip()
+                    elif line.startswith("data:"):
+                        data = line[5:].strip()
+                    elif line.startswith("id:"):
+                        eid = line[3:].strip()
+                    continue
+                if not data:  # the end of a keep-alive comment
+                    continue
+                name, payload, event, data = event, data, "", ""
+                if name == "token":
+                    now = time.time()
+                    made = float(json.loads(payload)["text"])
+                    # The entry id is Redis' clock at XADD (ms): it splits the latency.
+                    written = int(eid.partition("-")[0]) / 1000
+                    f.latencies.append(now - made)
+                    f.to_redis.append(written - made)
+                    f.from_redis.append(now - written)
+                    f.tokens += 1
+                    f.last_token = now
+                elif name == "started":
+                    if held:
+                        gate.release()
+                        held = False
+                    f.started += 1
+                    if f.started == total:
+                        f.all_started.set()
+                elif name in TERMINAL_EVENTS:
+                    f.ended += 1
+                    return
+    except (httpx.HTTPError, ValueError, KeyError):
+        f.errors += 1
+    finally:
+        if held:
+            gate.release()
+
+
+async def fanout(url: str, api_key: str, job_ids: list[str], on_go: Callable[[], None],
+                 connect_limit_s: float, stream_limit_s: float) -> tuple[Fanout, float]:
+    """Open one SSE stream per job (64 connecting at a time), call `on_go` once all are
+    subscribed (or after connect_limit_s), and read them to their terminal events; the
+    Fanout and the time `on_go` was called."""
+    f = Fanout()
+    limits = httpx.Limits(max_connections=len(job_ids) + 8, max_keepalive_connections=8)
+    timeout = httpx.Timeout(30.0, read=stream_limit_s + connect_limit_s)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout,
+                                 headers={"Authorization": f"Bearer {api_key}"}) as http:
+        gate = asyncio.Semaphore(64)
+        tasks = [asyncio.create_task(_client(http, j, f, len(job_ids), gate))
+                 for j in job_ids]
+        try:
+            await asyncio.wait_for(f.all_started.wait(), connect_limit_s)
+        except TimeoutError:
+            pass
+        t_go = time.time()
+        on_go()
+        _, pending = await asyncio.wait(tasks, timeout=stream_limit_s)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    return f, t_go
+
+
+def start_source(spec: SourceSpec) -> tuple[Any, MpEvent, MpEvent, Any]:
+    """The source process (spawned: no threads of ours are forked into it), its ready and go
+    events, and the queue its summary comes back on."""
+    ctx = mp.get_context("spawn")
+    ready, go, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=run_source, args=(spec, ready, go, out), daemon=True,
+                       name="tokenq-bench-source")
+    proc.start()
+    return proc, ready, go, out
+
+
+def part_sse(stack: Stack, key: str, meter: Meter, r: redis.Redis, say: Callable[[str], None],
+             *, model: str, clients: int, rate: float, seconds: float) -> dict[str, Any]:
+    """Part (a): `clients` jobs (POST), the source acquires them, one SSE stream each, then
+    `rate` tok/s for `seconds`; the figures, printed and returned."""
+    ids, codes, _ = post_jobs(stack.url, key, model, clients, 64, max_tokens=1024)
+    if len(ids) < clients:
+        say(f"(a) only {len(ids)} of {clients} jobs were accepted: {dict(codes)}")
+    spec = SourceSpec(stack.redis_url, str(stack.settings.state_dir),
+                      str(stack.settings.models_file), ids, rate, seconds)
+    proc, ready, go, out = start_source(spec)
+    try:
+        if not ready.wait(180):
+            raise RuntimeError("the token source did not start")
+        meter.add("source", proc.pid)
+        at_go: dict[str, float] = {}
+
+        def on_go() -> None:
+            at_go.update(meter.snap())
+            go.set()
+
+        connect_s = 30 + clients / 20
+        f, t_go = asyncio.run(fanout(stack.url, key, ids, on_go, connect_s, seconds + 120))
+        wall = max(f.last_token - t_go, 1e-9)
+        cores = Meter.cores(at_go, meter.snap(), wall)
+        summary: dict[str, Any] = out.get(timeout=120)
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+        meter.procs.pop("source", None)
+    sample = ids[:50]
+    pipe = r.pipeline(transaction=False)
+    for j in sample:
+        pipe.memory_usage(keys.job(j), samples=0)
+        pipe.memory_usage(keys.job_events(j), samples=0)
+    sizes = pipe.execute()
+    per_job = sum(int(x or 0) for x in sizes) / max(1, len(sample))
+    api_cpu_s = cores["api"] * wall
+    res = {"clients": clients, "opened": f.opened, "subscribed": f.started,
+           "ended": f.ended, "errors": f.errors, "tokens_written": summary["tokens"],
+           "tokens_received": f.tokens, "lost": summary["tokens"] - f.tokens,
+           "tok_s": f.tokens / wall, "target_tok_s": rate,
+           "latency_p50_ms": 1000 * pct(f.latencies, 0.5),
+           "latency_p99_ms": 1000 * pct(f.latencies, 0.99),
+           "latency_max_ms": 1000 * max(f.latencies, default=float("nan")),
+           "to_redis_p50_ms": 1000 * pct(f.to_redis, 0.5),
+           "to_redis_p99_ms": 1000 * pct(f.to_redis, 0.99),
+           "from_redis_p50_ms": 1000 * pct(f.from_redis, 0.5),
+           "from_redis_p99_ms": 1000 * pct(f.from_redis, 0.99),
+           "api_cpu_s_per_1k_tok": api_cpu_s / max(f.tokens, 1) * 1000,
+           "source_late_max_ms": summary["late_max_ms"], "cores": cores,
+           "finished_job_bytes": per_job, "finished_job_tokens": f.tokens / max(1, f.ended)}
+    say(f"(a) SSE fan-out: {f.opened} streams open on one API process, {f.started} "
+        f"subscribed, {f.ended} ended, {f.errors} errors; tokens written {summary['tokens']}, "
+        f"received {f.tokens} (lost {res['lost']})")
+    say(f"    {res['tok_s']:.0f} tok/s delivered (source set to {rate:.0f}); "
+        f"worker->client latency p50 {res['latency_p50_ms']:.1f} ms, p99 "
+        f"{res['latency_p99_ms']:.1f} ms, max {res['latency_max_ms']:.0f} ms; API CPU "
+        f"{res['api_cpu_s_per_1k_tok']:.2f} s per 1,000 tokens (= cores per 1,000 tok/s); "
+        f"source behind schedule at most {summary['late_max_ms']:.0f} ms")
+    say(f"    split at Redis' XADD clock (ms resolution): made -> in the stream (publisher "
+        f"queue, pipelined append) p50 {res['to_redis_p50_ms']:.1f} / p99 "
+        f"{res['to_redis_p99_ms']:.1f} ms; stream -> client (shared XREAD, SSE, client) "
+        f"p50 {res['from_redis_p50_ms']:.1f} / p99 {res['from_redis_p99_ms']:.1f} ms; API "
+        f"ceiling at a full core ~{1000 / max(res['api_cpu_s_per_1k_tok'], 1e-9):.0f} tok/s")
+    say(f"    {bound(cores)}")
+    return res
