@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -67,6 +68,11 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
         # Vocabularies now, in the background, so the first request does not wait for one.
         preload = asyncio.create_task(state.counter.preload(state.models),
                                       name="tokenq-vocab-preload")
+        # What start-up built lives as long as the process: out of the collector's sight, a
+        # full collection no longer walks it (those walks were the SSE fan-out's p99:
+        # `tokenq bench --scale`, docs/benchmarks.md).
+        gc.freeze()
+        preload.add_done_callback(lambda _: gc.freeze())
         app.state.tokenq = state
         if settings.env == "production" and settings.api.files_dir is None:
             log.warning("uploaded files are kept in Redis' memory: set TOKENQ_API__FILES_DIR to a "
