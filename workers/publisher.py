@@ -55,7 +55,7 @@ class JobHandle:
     # This attempt's token writes, by index - resumed, each with the entry id the stream
     # gave it once known: what a failover lost is re-sent from here.
     sent: list[TokenWrite] = field(default_factory=list)
-    resent: int = 0  # tokens re-sent because a failover lost them
+    resent: int = 0  # tokens written again: those a failover lost, and those queued behind
     # Redis writes that carried this job's events (tracing): count, seconds, and the
     # (start, end) of the latest one (the terminal event's, once done).
     writes: int = 0
