@@ -51,10 +51,10 @@ def dep(tmp_path: Path) -> Iterator[SentinelDeployment]:
 
 class Reader:
     """A raw SSE client (no dedupe of its own): every event as the API sent it. It
-    reconnects with Last-Event-ID on a cut, on a read idle for 2 s, or when asked."""
+    reconnects with Last-Event-ID on a cut, on a read idle for `idle_s`, or when asked."""
 
-    def __init__(self, url: str, job_id: str, deadline: float):
-        self.url, self.job_id, self.deadline = url, job_id, deadline
+    def __init__(self, url: str, job_id: str, deadline: float, idle_s: float = 2.0):
+        self.url, self.job_id, self.deadline, self.idle_s = url, job_id, deadline, idle_s
         self.events: list[Event] = []
         self.times: list[float] = []  # monotonic time each event arrived
         self.connections = 0
@@ -68,7 +68,7 @@ class Reader:
 
     def _run(self) -> None:
         last: str | None = None
-        timeout = httpx.Timeout(10, read=2)
+        timeout = httpx.Timeout(10, read=self.idle_s)
         with httpx.Client(base_url=self.url, timeout=timeout) as c:
             while not self.done.is_set() and time.monotonic() < self.deadline:
                 headers = {"Last-Event-ID": last} if last else {}
@@ -115,6 +115,9 @@ def test_stream_tail_lost_in_a_failover_is_resent(dep: SentinelDeployment,
     replica_pid = dep.replica.proc.pid if dep.replica.proc else 0
     stopped = False
     reader: Reader | None = None
+    # A second client whose connection stays open through the failover (the API's stream
+    # hub re-reads from its cursor on the promoted node).
+    steady: Reader | None = None
     try:
         st.wait_ready(models=[FAKE], timeout=120)
         with httpx.Client(base_url=st.url, timeout=30) as c:
@@ -122,7 +125,9 @@ def test_stream_tail_lost_in_a_failover_is_resent(dep: SentinelDeployment,
             assert resp.status_code == 202, resp.text
             job_id = resp.json()["id"]
         reader = Reader(st.url, job_id, time.monotonic() + 300)
+        steady = Reader(st.url, job_id, time.monotonic() + 300, idle_s=60)
         reader.thread.start()
+        steady.thread.start()
         wait_for("the client to read 100 tokens", lambda: len(reader.tokens()) >= 100, 120)
         # The replica stops reading; a write larger than the link's socket buffers makes
         # whatever the primary writes next wait in the primary's own memory.
@@ -150,6 +155,9 @@ def test_stream_tail_lost_in_a_failover_is_resent(dep: SentinelDeployment,
         assert "".join(e.data["text"] for e in toks) == expected_output(N)
         assert [e.event for e in reader.events].count("done") == 1
         assert reader.connections >= 2 and reader.resumed_after, "never resumed"
+        assert steady.done.wait(120), "the steady client never read the terminal event"
+        assert [e.data["index"] for e in steady.tokens()] == list(range(N))
+        assert [e.event for e in steady.events].count("done") == 1
         check_exactly_once(r, [job_id], N)  # the stream from 0 and the record agree
         log = "\n".join(p.read_text(errors="replace")
                         for p in (tmp_path / "logs").glob("*.log"))
@@ -163,13 +171,15 @@ def test_stream_tail_lost_in_a_failover_is_resent(dep: SentinelDeployment,
               f"{seen_before} tokens from the primary; (stream end on the promoted node, "
               f"tokens the worker had sent) {gaps}, the difference re-sent; promoted "
               f"{promoted:.1f}s after the kill, the client's next new token {resumed:.1f}s, "
-              f"job done {done_after:.1f}s; client connections {reader.connections}, "
-              f"tokens 0..{N - 1} once each (machine loaded)")
+              f"job done {done_after:.1f}s; client connections {reader.connections} (the "
+              f"steady client's {steady.connections}), tokens 0..{N - 1} once each "
+              "(machine loaded)")
     finally:
         if stopped:
             os.kill(replica_pid, signal.SIGCONT)
-        if reader is not None:
-            reader.done.set()
-            reader.thread.join(timeout=15)
+        for rd in (reader, steady):
+            if rd is not None:
+                rd.done.set()
+                rd.thread.join(timeout=70)
         r.close()
         st.stop()
