@@ -147,3 +147,32 @@ def test_finish_waits_for_the_lost_tail(r: redis.Redis,
     assert handle.done.wait(30)
     assert_contiguous_and_final(r, N)
     assert handle.resent == LOST and handle.outcome == "succeeded"
+
+
+def test_resume_point_keeps_a_cursor_a_failover_lost(r: redis.Redis) -> None:
+    """A Last-Event-ID past a running stream's end: kept when it is no later than Redis'
+    clock (an id the client read before a failover lost it, re-sent with that id), read
+    as the end when it is from the future; past a terminal event: nothing follows."""
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from api.streams import resume_point
+
+    top = str(r.xadd(EVENTS, {"e": "token", "d": "{}"}))
+    ms = int(top.split("-")[0])
+    lost = f"{ms}-{int(top.split('-')[1]) + 5}"  # later than the stream's top, not future
+    future = f"{ms + 3_600_000}-0"
+
+    async def points() -> list[str | None]:
+        a = aioredis.Redis(connection_pool=aioredis.ConnectionPool(
+            **r.connection_pool.connection_kwargs))
+        try:
+            got = [await resume_point(a, EVENTS, c) for c in (lost, future)]
+            await a.xadd(EVENTS, {"e": "done", "d": "{}"})
+            got.append(await resume_point(a, EVENTS, future))
+            return got
+        finally:
+            await a.aclose()
+
+    assert asyncio.run(points()) == [lost, top, None]
