@@ -18,7 +18,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from api import adapters, durable, idempotency
+from api import adapters, durable, idempotency, streams
 from api.deps import AppState
 from api.errors import (
     ContextLengthExceeded,
@@ -34,14 +34,12 @@ from api.openai.tools import checked_constraint, template_of
 from api.openai.tools import plan as tool_plan
 from api.openai.tools import render as render_tools
 from api.openai.tools import validate as validate_tools
-from api.streams import parse_id
 from shared import jobs, keys, logs, schema_budget, tracing, webhook_policy
 from shared.celery_app import task_message
 from shared.jobs import dumps
 from shared.models import select_backend
 from shared.schema_budget import GrammarBudget, SchemaOverBudget, nesting
 from shared.schemas import (
-    TERMINAL_EVENTS,
     JobAccepted,
     JobRecord,
     JobRequest,
@@ -378,18 +376,8 @@ async def cancel(state: AppState, tenant: str, job_id: str, wait_s: float = 2.0)
 
 
 async def resume_point(state: AppState, job_id: str, after: str) -> str | None:
-    """Where a resume with Last-Event-ID `after` starts: None when nothing can follow (the
-    stream's terminal event is at or before `after`: the route answers 204, which tells an
-    EventSource to stop reconnecting). A cursor past the stream's last entry, which no
-    event of this stream ever had, is taken as its last entry: the client then gets what
-    comes next instead of waiting forever for ids that will never be written."""
-    last: Any = await state.redis.xrevrange(keys.job_events(job_id), count=1)
-    if not last:
-        return after
-    last_id, fields = last[0]
-    if parse_id(after) < parse_id(last_id):
-        return after
-    return None if fields.get("e") in TERMINAL_EVENTS else str(last_id)
+    """Where a resume with Last-Event-ID `after` starts (api/streams.py resume_point)."""
+    return await streams.resume_point(state.redis, keys.job_events(job_id), after)
 
 
 async def events(state: AppState, job_id: str,

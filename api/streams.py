@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 Entry = tuple[str, dict[str, str]]
 HUB_TIMEOUT_MARGIN_S = 10.0
+# A resume cursor past a running stream's end is kept (not read as the end) when its time
+# is at most this far ahead of Redis' clock: primaries' clocks differ a little.
+RESUME_SKEW_MS = 5000
 
 
 # A stream entry id exactly as Redis writes them: `<ms>-<seq>`, ASCII digits, each part
@@ -65,6 +68,32 @@ def parse_id(entry_id: str) -> tuple[int, int]:
 def is_valid_id(entry_id: str) -> bool:
     m = _ID.fullmatch(entry_id)
     return m is not None and int(m[1]) <= _U64 and int(m[2]) <= _U64
+
+
+async def resume_point(r: aioredis.Redis, key: str, after: str) -> str | None:
+    """Where a resume with Last-Event-ID `after` starts: None when nothing can follow (the
+    stream's terminal event is at or before `after`: the route answers 204, which tells an
+    EventSource to stop reconnecting). A cursor past a running stream's last entry is kept
+    if it is no later than Redis' clock (plus RESUME_SKEW_MS): it may be an id the client
+    read before a failover lost it, which the worker writes again. One from the future was
+    never an id of this stream: it is taken as the last entry, so the client gets what
+    comes next instead of waiting for ids that will never be written."""
+    last: Any = await r.xrevrange(key, count=1)
+    if not last:
+        return after
+    last_id, fields = last[0]
+    if parse_id(after) < parse_id(last_id):
+        return after
+    if fields.get("e") in TERMINAL_EVENTS:
+        return None
+    # Past the end of a running stream. An id no later than Redis' clock may be one the
+    # client read before a failover lost it: the worker re-sends lost tokens with their
+    # ids (workers/publisher.py), so the cursor is kept and the client gets what follows
+    # it, nothing twice. A cursor from the future was never an id: read as the end.
+    now: Any = await r.time()
+    if parse_id(after)[0] <= int(now[0]) * 1000 + int(now[1]) // 1000 + RESUME_SKEW_MS:
+        return after
+    return str(last_id)
 
 
 def hub_client(settings: Settings, block_ms: int) -> aioredis.Redis:

@@ -3,8 +3,10 @@
     create   (api)     record + Celery message + `queued` event, or refuse if a queue is full
     acquire  (worker)  queued|running-without-lease -> running, attempts += 1, lease set,
                        `started` event; or drop (terminal, live lease), expire or exhaust
-    append   (worker)  token events, only while `attempts` still equals the writer's attempt
+    append   (worker)  token events, only while `attempts` still equals the writer's attempt;
+                       answers where the stream really ends (a failover may have lost tokens)
     finish   (worker)  running -> succeeded|failed|cancelled with its terminal event, once
+                       (and, for the publisher, only once the stream holds every token sent)
     cancel   (api)     queued -> cancelled at once; running -> cancel_requested=1
     renew    (worker)  extend the lease only while it is still ours (retake it if it
                        expired and no newer attempt took the job)
@@ -136,6 +138,30 @@ class Appended(enum.IntEnum):
     CANCEL_REQUESTED = 2  # written, and the job's cancel was requested: stop it now
 
 
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """What `append` answered: its status, where the stream really ends (`stream_end` tokens,
+    -1 when fenced: fewer than the writer has sent means a failover lost the rest, to
+    re-send from that index), and the entry ids of the tokens this call wrote (indexes
+    stream_end - len(ids) .. stream_end - 1)."""
+
+    status: Appended
+    stream_end: int
+    ids: tuple[str, ...] = ()
+
+
+class Ended(enum.IntEnum):
+    FENCED = 0  # a newer attempt owns the job, or it ended
+    ENDED = 1
+    SHORT = 2  # not ended: the stream lacks tokens the writer sent (lost in a failover)
+
+
+@dataclass(frozen=True, slots=True)
+class FinishResult:
+    status: Ended
+    stream_end: int  # the stream's token count when the script ran
+
+
 class Cancelled(enum.StrEnum):
     MISSING = "missing"
     CANCELLED = "cancelled"  # was queued (ended here), or was cancelled already
@@ -148,6 +174,9 @@ class TokenWrite:
     data: str  # the event's JSON ({"text", "index"})
     token_id: int
     index: int
+    # The entry id the stream gave this token before a failover lost it ("" for a new
+    # token): a re-send keeps it where it can, so a client that saw it never sees it twice.
+    entry_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +189,9 @@ class Ending:
     fields: dict[str, str]
     event: str
     data: str
+    # The stream's token count the writer has sent: the job ends only once the stream holds
+    # them all (None: not checked).
+    tokens: int | None = None
 
 
 # -- decoders --------------------------------------------------------------------------
@@ -192,6 +224,18 @@ def _cancelled(got: str | None) -> Cancelled:
 
 def _flag(got: Any) -> bool:
     return bool(got)
+
+
+def _text(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def _appended(got: list[Any]) -> AppendResult:
+    return AppendResult(Appended(int(got[0])), int(got[1]), tuple(_text(x) for x in got[2:]))
+
+
+def _finished(got: list[Any]) -> FinishResult:
+    return FinishResult(Ended(int(got[0])), int(got[1]))
 
 
 # -- calls -----------------------------------------------------------------------------
@@ -227,19 +271,18 @@ def acquire(job_id: str, *, worker: str, lease_ms: int, max_attempts: int, now: 
 
 
 def append(job_id: str, attempt: int, tokens: Sequence[TokenWrite], *,
-           maxlen: int) -> Call[Appended]:
+           maxlen: int) -> Call[AppendResult]:
     args: list[Arg] = [attempt, maxlen]
     for t in tokens:
-        args += [t.data, t.token_id, t.index]
-    return Call("append", [keys.job(job_id), keys.job_events(job_id)], args,
-                lambda got: Appended(int(got)))
+        args += [t.data, t.token_id, t.index, t.entry_id]
+    return Call("append", [keys.job(job_id), keys.job_events(job_id)], args, _appended)
 
 
-def finish(end: Ending, *, maxlen: int, ttl: int) -> Call[bool]:
+def finish(end: Ending, *, maxlen: int, ttl: int) -> Call[FinishResult]:
     return Call("finish", [keys.job(end.job_id), keys.job_events(end.job_id),
                            keys.job_lease(end.job_id), keys.RUNNING],
-                [end.attempt, end.state, dumps(end.fields), end.event, end.data, maxlen, ttl],
-                _flag)
+                [end.attempt, end.state, dumps(end.fields), end.event, end.data, maxlen, ttl,
+                 "" if end.tokens is None else end.tokens], _finished)
 
 
 def cancel(job_id: str, *, now: float, maxlen: int, ttl: int) -> Call[Cancelled]:

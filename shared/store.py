@@ -17,11 +17,13 @@ import redis.asyncio as aioredis
 from shared import jobs, keys
 from shared.jobs import (
     AcquireResult,
-    Appended,
+    AppendResult,
     Call,
     Cancelled,
     CreateResult,
+    Ended,
     Ending,
+    FinishResult,
     IdemKey,
     TokenWrite,
 )
@@ -83,12 +85,15 @@ class JobStore:
                                       maxlen=s.stream_maxlen, ttl=s.result_ttl_s))
 
     def finish(self, end: Ending) -> bool:
-        return self._run(jobs.finish(end, maxlen=self.s.stream_maxlen, ttl=self.s.result_ttl_s))
+        """True if this ended the job."""
+        got = self._run(jobs.finish(end, maxlen=self.s.stream_maxlen, ttl=self.s.result_ttl_s))
+        return got.status is Ended.ENDED
 
     def write_step(self, tokens: Mapping[tuple[str, int], Sequence[TokenWrite]],
-                   endings: Sequence[Ending]) -> tuple[list[Appended], list[bool]]:
+                   endings: Sequence[Ending]) -> tuple[list[AppendResult], list[FinishResult]]:
         """One round trip for an engine step: every job's (job id, attempt) tokens, then
-        every ending. Each write is fenced by its attempt on its own."""
+        every ending. Each write is fenced by its attempt on its own; the answers say where
+        each stream really ends (workers/publisher.py re-sends what a failover lost)."""
         s = self.s
         appends = [jobs.append(job_id, attempt, toks, maxlen=s.stream_maxlen)
                    for (job_id, attempt), toks in tokens.items()]

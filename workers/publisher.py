@@ -4,6 +4,15 @@ The engine thread only enqueues its StepOutput here (no I/O on the engine
 thread). This thread coalesces whatever steps are waiting, writes every job's
 token events (the store's fenced `append`) and every finished job (`finish`) in
 one round trip, then wakes the Celery task threads whose jobs ended.
+
+Streams stay contiguous across a Redis failover. Replication is asynchronous, so the
+promoted replica may lack the last events this attempt wrote. Every `append` answers
+where the job's stream really ends; when that is short of what this attempt sent, the
+missing tokens are re-sent from the attempt's own record of them (`JobHandle.sent`,
+one entry per token, bounded by max_tokens), with the entry ids they had, so a client
+resuming with Last-Event-ID neither misses nor repeats one. `finish` is checked the
+same way: a job ends only once its stream holds every token, so the terminal record's
+output is the concatenated stream.
 """
 
 from __future__ import annotations
@@ -14,16 +23,20 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import redis
 
-from shared.jobs import Appended, Ending, TokenWrite, dumps
+from shared.jobs import Appended, AppendResult, Ended, Ending, FinishResult, TokenWrite, dumps
 from shared.schemas import EVENT_CANCELLED, EVENT_DONE, EVENT_ERROR
 from shared.store import JobStore
 from workers.engines.base import Finished, StepOutput, TokenDelta
 
 log = logging.getLogger(__name__)
+
+# Re-send rounds per step before giving up on a stream that stays short (each round fills
+# the gap unless Redis fails over again meanwhile; then the step is retried whole).
+RESEND_ROUNDS = 3
 
 
 @dataclass(eq=False)
@@ -39,11 +52,46 @@ class JobHandle:
     usage: tuple[int, int] = (0, 0)  # prompt, completion tokens, set when the job ends
     resumed: int = 0  # tokens an earlier attempt streamed (a takeover continues after them)
     released: bool = False  # handed back: its lease is no longer renewed
+    # This attempt's token writes, by index - resumed, each with the entry id the stream
+    # gave it once known: what a failover lost is re-sent from here.
+    sent: list[TokenWrite] = field(default_factory=list)
+    resent: int = 0  # tokens written again: those a failover lost, and those queued behind
     # Redis writes that carried this job's events (tracing): count, seconds, and the
     # (start, end) of the latest one (the terminal event's, once done).
     writes: int = 0
     write_s: float = 0.0
     last_write: tuple[float, float] | None = None
+
+    @property
+    def end(self) -> int:
+        """The stream's token count once this attempt's writes are all in."""
+        return self.resumed + len(self.sent)
+
+    def remember(self, write: TokenWrite, text: str) -> None:
+        """Record a token before it is written (by index: a retried step records it again)."""
+        if write.index < len(self.text):
+            self.text[write.index] = text
+        else:
+            self.text.append(text)
+        at = write.index - self.resumed
+        if 0 <= at < len(self.sent):
+            self.sent[at] = replace(write, entry_id=self.sent[at].entry_id)
+        elif at >= 0:
+            self.sent.append(write)
+
+    def written(self, got: AppendResult) -> None:
+        """Note the entry ids an append gave this attempt's tokens."""
+        first = got.stream_end - len(got.ids) - self.resumed
+        for at, entry_id in enumerate(got.ids, start=first):
+            if 0 <= at < len(self.sent):
+                self.sent[at] = replace(self.sent[at], entry_id=entry_id)
+
+    def missing(self, stream_end: int) -> list[TokenWrite]:
+        """This attempt's tokens from index `stream_end` on (none if an earlier attempt's
+        are missing too: those are not held here)."""
+        if stream_end < self.resumed:
+            return []
+        return self.sent[stream_end - self.resumed:]
 
 
 class Publisher:
@@ -152,27 +200,19 @@ class Publisher:
         by_job: dict[tuple[str, int], list[TokenDelta]] = defaultdict(list)
         for t in step.tokens:
             by_job[(t.job_id, t.attempt)].append(t)
-        tokens = {job: [TokenWrite(dumps(_token_event(t)), t.token_id, t.index) for t in toks]
-                  for job, toks in by_job.items()}
-        now = time.time()
-        # The handles' text feeds the ending's `output` below; remember where each stood so
-        # a failed write (the step is retried) does not add the same text twice.
-        before: dict[str, int] = {}
-        for (job_id, _), toks in by_job.items():
-            handle = self._handles.get(job_id)
+        tokens: dict[tuple[str, int], list[TokenWrite]] = {}
+        for job, toks in by_job.items():
+            tokens[job] = [TokenWrite(dumps(_token_event(t)), t.token_id, t.index)
+                           for t in toks]
+            # The handles' text feeds the ending's `output` below, their `sent` a re-send.
+            handle = self._handle(job)
             if handle is not None:
-                before[job_id] = len(handle.text)
-                handle.text.extend(t.text for t in toks)
+                for t, w in zip(toks, tokens[job], strict=True):
+                    handle.remember(w, t.text)
+        now = time.time()
         endings = [self._ending(f) for f in step.finished]
         t_write = time.time()
-        try:
-            appended, ended = self._store.write_step(tokens, endings)
-        except redis.RedisError:
-            for job_id, n in before.items():
-                handle = self._handles.get(job_id)
-                if handle is not None:
-                    del handle.text[n:]
-            raise
+        appended, ended = self._store.write_step(tokens, endings)
         t_done = time.time()
         for job_id in {*(j for j, _ in tokens), *(f.job_id for f in step.finished)}:
             handle = self._handles.get(job_id)
@@ -184,23 +224,96 @@ class Publisher:
             handle = self._handles.get(job_id)
             if handle is not None and handle.first_token_at is None:
                 handle.first_token_at = now
-        for (job_id, _), got in zip(tokens, appended, strict=True):
-            if got is Appended.FENCED:
+        self._appended(tokens, appended)
+        self._settle(step.finished, ended)
+        if any(got.stream_end < self._end(job) for job, got in zip(tokens, appended, strict=True)
+               if got.status is not Appended.FENCED) or any(
+                   got.status is Ended.SHORT for got in ended):
+            self._fill_gaps(tokens, appended, step.finished, endings, ended)
+
+    def _handle(self, job: tuple[str, int]) -> JobHandle | None:
+        handle = self._handles.get(job[0])
+        return handle if handle is not None and handle.attempt == job[1] else None
+
+    def _end(self, job: tuple[str, int]) -> int:
+        handle = self._handle(job)
+        return -1 if handle is None else handle.end
+
+    def _appended(self, tokens: dict[tuple[str, int], list[TokenWrite]],
+                  appended: list[AppendResult]) -> None:
+        for (job_id, attempt), got in zip(tokens, appended, strict=True):
+            if got.status is Appended.FENCED:
                 log.warning("job %s: token write fenced off (newer attempt or job ended)", job_id)
-            elif (got is Appended.CANCEL_REQUESTED and self._on_cancel is not None
-                  and job_id not in self._cancelled):
+                continue
+            handle = self._handle((job_id, attempt))
+            if handle is not None:
+                handle.written(got)
+            if (got.status is Appended.CANCEL_REQUESTED and self._on_cancel is not None
+                    and job_id not in self._cancelled):
                 self._cancelled.add(job_id)
                 self._on_cancel(job_id)
-        for f, ok in zip(step.finished, ended, strict=True):
+
+    def _settle(self, finished: list[Finished], ended: list[FinishResult]) -> None:
+        """Wake the task threads of the jobs whose ending was written or fenced off (a
+        SHORT one waits for its re-send; a handle already done keeps its outcome when a
+        retried step finds its job ended)."""
+        for f, got in zip(finished, ended, strict=True):
             handle = self._handles.get(f.job_id)
-            if handle is not None and handle.attempt == f.attempt:
-                handle.usage = (f.prompt_tokens, f.completion_tokens)
-                handle.outcome = self._outcome(f) if ok else "fenced"
-                handle.done.set()
+            if (got.status is Ended.SHORT or handle is None or handle.attempt != f.attempt
+                    or handle.done.is_set()):
+                continue
+            handle.usage = (f.prompt_tokens, f.completion_tokens)
+            handle.outcome = self._outcome(f) if got.status is Ended.ENDED else "fenced"
+            handle.done.set()
+
+    def _fill_gaps(self, tokens: dict[tuple[str, int], list[TokenWrite]],
+                   appended: list[AppendResult], finished: list[Finished],
+                   endings: list[Ending], ended: list[FinishResult]) -> None:
+        """A stream that ends short of what this attempt sent lost its tail in a failover:
+        re-send the tail from the handle (in order, with the entry ids it had), then the
+        endings that waited for it. An error propagates: the whole step is retried."""
+        ends = {job: got.stream_end for job, got in zip(tokens, appended, strict=True)
+                if got.status is not Appended.FENCED}
+        ended = list(ended)
+        for _ in range(RESEND_ROUNDS):
+            for e, got in zip(endings, ended, strict=True):
+                if got.status is Ended.SHORT:
+                    ends[(e.job_id, e.attempt)] = got.stream_end
+            resend: dict[tuple[str, int], list[TokenWrite]] = {}
+            for job, n in ends.items():
+                handle = self._handle(job)
+                if handle is not None and n < handle.end and handle.missing(n):
+                    resend[job] = handle.missing(n)
+                    handle.resent += len(resend[job])
+                    log.warning("job %s: the stream ends at token %d, attempt %d sent %d (lost "
+                                "in a Redis failover); re-sending %d", job[0], n, job[1],
+                                handle.end, len(resend[job]))
+            retry = [i for i, got in enumerate(ended) if got.status is Ended.SHORT]
+            if not resend and not retry:
+                return
+            got_a, got_e = self._store.write_step(resend, [endings[i] for i in retry])
+            self._appended(resend, got_a)
+            ends = {job: got.stream_end for job, got in zip(resend, got_a, strict=True)
+                    if got.status is not Appended.FENCED}
+            for i, got in zip(retry, got_e, strict=True):
+                ended[i] = got
+            self._settle(finished, ended)
+        short = [i for i, got in enumerate(ended) if got.status is Ended.SHORT]
+        if short:  # not re-sendable from here (not this attempt's tokens): end as before
+            for i in short:
+                log.error("job %s: its stream stays short of the tokens sent; ending it "
+                          "unchecked", endings[i].job_id)
+            _, got_e = self._store.write_step(
+                {}, [replace(endings[i], tokens=None) for i in short])
+            for i, got in zip(short, got_e, strict=True):
+                ended[i] = got
+            self._settle(finished, ended)
 
     def _ending(self, f: Finished) -> Ending:
         state, event, data, fields = self._terminal(f)
-        return Ending(f.job_id, f.attempt, state, fields, event, dumps(data))
+        handle = self._handle((f.job_id, f.attempt))
+        return Ending(f.job_id, f.attempt, state, fields, event, dumps(data),
+                      tokens=None if handle is None else handle.end)
 
     def _terminal(self, f: Finished) -> tuple[str, str, dict[str, object], dict[str, str]]:
         handle = self._handles.get(f.job_id)

@@ -2,21 +2,40 @@
 -- the writer's attempt (the fence) and the job runs. A token is written only if its index
 -- is the next one (`n_tokens`), so a step replayed after a failed or cut pipeline (Redis
 -- restarted mid-write) adds nothing twice and never leaves a gap.
--- Returns 0 fenced off, 1 written, 2 written and the job's cancel was requested.
+-- A token that carries an entry id is one this attempt wrote before and the stream has
+-- lost (a Redis failover: the promoted replica never got it). It is written again with
+-- that id, so a client that saw it (and resumes after it with Last-Event-ID) does not see
+-- it twice; where the stream is already past that id, with a new one.
+-- Returns {0, -1} fenced off, else {status, n, id...}: status 1 written, 2 written and the
+-- job's cancel was requested; n the stream's token count now (where it really ends: fewer
+-- than the writer sent means tokens were lost, to re-send from index n); then the entry ids
+-- of the tokens this call wrote, for indexes n - #ids .. n - 1.
 local job_key, events_key = KEYS[1], KEYS[2]
 local attempt, maxlen = ARGV[1], ARGV[2]
--- then (data, token id, index) per token, from ARGV[3] on
+-- then (data, token id, index, entry id or '') per token, from ARGV[3] on
 
-if redis.call('HGET', job_key, 'attempts') ~= attempt then return 0 end
-if redis.call('HGET', job_key, 'state') ~= 'running' then return 0 end
+if redis.call('HGET', job_key, 'attempts') ~= attempt then return {0, -1} end
+if redis.call('HGET', job_key, 'state') ~= 'running' then return {0, -1} end
 local n = tonumber(redis.call('HGET', job_key, 'n_tokens') or '0')
-for i = 3, #ARGV, 3 do
-  if tonumber(ARGV[i + 2]) == n then
-    redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*',
-               'e', 'token', 'd', ARGV[i], 't', ARGV[i + 1])
+local answer = {1, 0}
+for i = 3, #ARGV, 4 do
+  local data, token_id, index, entry_id = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  if tonumber(index) == n then
+    local id = false
+    if entry_id ~= '' then
+      id = redis.pcall('XADD', events_key, 'MAXLEN', '~', maxlen, entry_id,
+                       'e', 'token', 'd', data, 't', token_id)
+      if type(id) ~= 'string' then id = false end  -- refused: the stream is past that id
+    end
+    if not id then
+      id = redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*',
+                      'e', 'token', 'd', data, 't', token_id)
+    end
+    answer[#answer + 1] = id
     n = n + 1
   end
 end
 redis.call('HSET', job_key, 'n_tokens', n)
-if redis.call('HGET', job_key, 'cancel_requested') == '1' then return 2 end
-return 1
+answer[2] = n
+if redis.call('HGET', job_key, 'cancel_requested') == '1' then answer[1] = 2 end
+return answer

@@ -1,14 +1,20 @@
 -- finish (worker): running -> succeeded | failed | cancelled with its terminal event, once,
--- and only for the attempt that still holds the job. Returns 1 ended, 0 fenced off.
+-- and only for the attempt that still holds the job. With `tokens` (the stream's token
+-- count the writer has sent, '' = unchecked) the job ends only once its stream holds them
+-- all: after a Redis failover lost some, the writer re-sends them first, so the terminal
+-- record's output is the concatenated stream.
+-- Returns {1, n} ended, {0, n} fenced off, {2, n} not ended: the stream has only n tokens.
 --#include terminal
 local job_key, events_key, lease_key, running_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local attempt, state, fields_json, event, data = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local maxlen, default_ttl = ARGV[6], ARGV[7]
+local maxlen, default_ttl, tokens = ARGV[6], ARGV[7], ARGV[8]
 
-if redis.call('HGET', job_key, 'attempts') ~= attempt then return 0 end
-if redis.call('HGET', job_key, 'state') ~= 'running' then return 0 end
+local n = tonumber(redis.call('HGET', job_key, 'n_tokens') or '0')
+if redis.call('HGET', job_key, 'attempts') ~= attempt then return {0, n} end
+if redis.call('HGET', job_key, 'state') ~= 'running' then return {0, n} end
+if tokens ~= '' and n < tonumber(tokens) then return {2, n} end
 local fields = cjson.decode(fields_json)
 redis.call('DEL', lease_key)
 end_job(job_key, events_key, running_key, state, fields, event, data,
         fields['finished_at'] or '0', default_ttl, maxlen)
-return 1
+return {1, n}

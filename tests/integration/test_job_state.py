@@ -74,7 +74,7 @@ def finish(r: redis.Redis, attempt: int, state: str = "succeeded", event: str = 
 def append(r: redis.Redis, attempt: int, *tokens: tuple[str, int, int]) -> Appended:
     """(text, token id, index) per token, as one engine step."""
     writes = [TokenWrite(dumps({"text": t, "index": i}), tid, i) for t, tid, i in tokens]
-    return store(r).write_step({(JOB, attempt): writes}, [])[0][0]
+    return store(r).write_step({(JOB, attempt): writes}, [])[0][0].status
 
 
 def cancel(r: redis.Redis) -> Cancelled:
