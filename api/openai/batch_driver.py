@@ -5,8 +5,8 @@ Every API replica runs one driver task. Batches that need work sit in the
 and renews it between chunks, so a replica that dies mid-batch leaves it to
 another within the lease TTL. Work is idempotent: job ids are derived from the
 batch id and line number (CREATE skips an id that exists) and the cursor is
-saved after each chunk, whose lines go in one pipelined round trip (AsyncJobStore.create_many).
-The input file is read a piece at a time, so a
+saved after each chunk; a chunk's lines are written in one pipelined round trip
+(AsyncJobStore.create_many). The input file is read a piece at a time, so a
 10,000-line batch never needs 10,000 objects in memory.
 """
 
