@@ -256,17 +256,22 @@ class BatchDriver:
 
     async def _write(self, batch_id: str, chunk: list[tuple[int, NewJob | NewRejection]],
                      cursor: int) -> tuple[int, bool]:
-        """One round trip for the chunk's lines: the new cursor (the last line before the
-        first refused one) and whether one was refused (queue full: continue later). CREATE
-        and REJECT count `enqueued` atomically and skip an id that exists, so lines after a
-        refusal that were written anyway are not counted twice when sent again."""
-        results = await self.state.jobs.create_many([line for _, line in chunk])
-        for (n, _), got in zip(chunk, results, strict=True):
-            if isinstance(got, QueueFull | TenantFull):
-                log.info("batch %s: queue full at line %d; continuing later", batch_id, n)
-                return cursor, True
-            cursor = n  # Created, Exists, or the line's rejection
-        return cursor, False
+        """The chunk's lines, written: the new cursor (the last line before the first
+        refused one) and whether one was refused (queue full: continue later). One round
+        trip creates the chunk's jobs; the rejections before the first refusal follow in a
+        second, only when there are any (a line valid at validation failing now is rare),
+        so no line after a refusal is rejected early. CREATE skips an id that exists, so a
+        line after the refusal that was created anyway (the queue drained between the
+        pipelined scripts) is not counted twice when it is sent again."""
+        jobs = [(n, x) for n, x in chunk if isinstance(x, NewJob)]
+        results = await self.state.jobs.create_many([x for _, x in jobs])
+        refusal = next((n for (n, _), got in zip(jobs, results, strict=True)
+                        if isinstance(got, QueueFull | TenantFull)), None)
+        done = [(n, x) for n, x in chunk if refusal is None or n < refusal]
+        await self.state.jobs.create_many([x for _, x in done if isinstance(x, NewRejection)])
+        if refusal is not None:
+            log.info("batch %s: queue full at line %d; continuing later", batch_id, refusal)
+        return (done[-1][0] if done else cursor), refusal is not None
 
     async def _line(self, h: dict[str, str], n: int, raw: bytes) -> NewJob | NewRejection:
         """Line `n` as the store writes it: its job, or its rejection."""
