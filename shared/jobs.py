@@ -106,6 +106,33 @@ class IdemKey:
 CreateResult = Created | Exists | QueueFull | TenantFull | Replayed | KeyReused
 
 
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to create, as `create` takes it (AsyncJobStore.create_many: a batch's lines).
+    `queue_limit` None: the settings' queue limit."""
+
+    job_id: str
+    fields: dict[str, str]
+    tenant: str
+    queue: str
+    message: str
+    now: float
+    queue_limit: int | None = None
+    tenant_limit: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NewRejection:
+    """A batch line that cannot be enqueued, as `reject` takes it: its record ends `failed`."""
+
+    job_id: str
+    fields: dict[str, str]
+    tenant: str
+    error: JobErrorInfo
+    ttl: int
+    now: float
+
+
 class SkipReason(enum.StrEnum):
     """Why a delivered message did not run its job."""
 

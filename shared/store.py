@@ -25,6 +25,8 @@ from shared.jobs import (
     Ending,
     FinishResult,
     IdemKey,
+    NewJob,
+    NewRejection,
     TokenWrite,
 )
 from shared.schemas import JobErrorInfo
@@ -158,6 +160,29 @@ class AsyncJobStore:
         pipe.wait(replicas, timeout_ms)
         raw, acked = await pipe.execute()
         return call.decode(raw), int(acked)
+
+    async def create_many(self, lines: Sequence[NewJob | NewRejection]
+                          ) -> list[CreateResult | bool]:
+        """Each line's `create` (a `NewJob`: its CreateResult) or `reject` (a `NewRejection`:
+        True if it wrote the record, False if the id existed), in order, in one pipelined
+        round trip. Not a transaction: each script is atomic on its own and other clients'
+        commands may run between them, so a refusal (QueueFull) does not stop the lines
+        after it; callers that need order stop at the first refusal (the ids make the
+        lines after it idempotent when they are sent again)."""
+        s = self.s
+        calls: list[Call[Any]] = [
+            _create(s, x.job_id, x.fields, x.tenant, x.queue, x.message, x.queue_limit,
+                    x.tenant_limit, x.now, None) if isinstance(x, NewJob)
+            else jobs.reject(x.job_id, x.fields, tenant=x.tenant, error=x.error, now=x.now,
+                             maxlen=s.stream_maxlen, ttl=x.ttl)
+            for x in lines]
+        if not calls:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for call in calls:
+            await self._scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+        got: list[Any] = await pipe.execute()
+        return [c.decode(x) for c, x in zip(calls, got, strict=True)]
 
     async def wait_replicated(self, replicas: int, timeout_ms: int) -> int:
         """How many replicas (WAIT, at most `timeout_ms`) have every write the primary made

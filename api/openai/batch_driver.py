@@ -5,7 +5,8 @@ Every API replica runs one driver task. Batches that need work sit in the
 and renews it between chunks, so a replica that dies mid-batch leaves it to
 another within the lease TTL. Work is idempotent: job ids are derived from the
 batch id and line number (CREATE skips an id that exists) and the cursor is
-saved after each chunk. The input file is read a piece at a time, so a
+saved after each chunk; a chunk's lines are written in one pipelined round trip
+(AsyncJobStore.create_many). The input file is read a piece at a time, so a
 10,000-line batch never needs 10,000 objects in memory.
 """
 
@@ -28,13 +29,15 @@ from api.errors import TokenqError
 from api.openai import files, protocol
 from api.openai.batch_store import BatchStore
 from shared import keys
-from shared.jobs import QueueFull, dumps
+from shared.celery_app import task_message
+from shared.jobs import NewJob, NewRejection, QueueFull, TenantFull, dumps
 from shared.schemas import JobErrorInfo
 
 log = logging.getLogger(__name__)
 
 MAX_REPORTED_ERRORS = 100
 MAX_DRIVER_FAILURES = 3  # tries of a batch whose processing raises, then it is given up
+MAX_PIPELINE = 256  # lines enqueued per round trip at most, whatever batch_chunk says
 
 
 def line_job_id(batch_id: str, line: int) -> str:
@@ -224,42 +227,73 @@ class BatchDriver:
         return status
 
     async def enqueue(self, h: dict[str, str]) -> None:
+        """Lines after the cursor, a chunk per round trip (AsyncJobStore.create_many); the
+        cursor, saved after each chunk, only passes lines that were written."""
         s, batch_id = self.state.settings, h["id"]
         cursor = int(h.get("cursor", 0))
-        deadline = float(h["expires_at"])
-        done = 0
+        size = max(1, min(s.api.batch_chunk, MAX_PIPELINE))
+        chunk: list[tuple[int, NewJob | NewRejection]] = []
         async for n, raw in files.iter_lines(self.state, h["input_file_id"]):
             if n <= cursor:
                 continue
-            # Checked (and tokenised) a second time on purpose: keeping the validation pass's
-            # results would hold every line in memory, which is what this driver avoids.
-            try:
-                custom_id, prepared = await self._check_line(h, raw)
-            except RedisError:
-                raise
-            except Exception as exc:  # valid at validation, not now: that line fails alone
-                await self.reject(h, n, raw, exc)
-                created: object = None
-            else:
-                extra = {"endpoint": h["endpoint"], "batch": batch_id, "custom_id": custom_id,
-                         "ttl": str(s.api.file_ttl_s)}
-                created, _, _ = await service.enqueue(self.state, h["owner"], prepared,
-                                                      job_id=line_job_id(batch_id, n),
-                                                      deadline=deadline, extra=extra)
-            if isinstance(created, QueueFull):
-                log.info("batch %s: queue full at line %d; continuing later", batch_id, n)
-                await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
+            chunk.append((n, await self._line(h, n, raw)))
+            if len(chunk) < size:
+                continue
+            cursor, refused = await self._write(batch_id, chunk, cursor)
+            chunk = []
+            await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
+            if refused:
                 return
-            cursor, done = n, done + 1  # CREATE (or REJECT) counts `enqueued`, atomically
-            if done % s.api.batch_chunk == 0:
-                await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
-                await self._keep_lease(batch_id)
-                if await self.r.hget(keys.batch(batch_id), "status") != "in_progress":
-                    break  # cancelled: stop enqueuing; the sweep follows
+            await self._keep_lease(batch_id)
+            if await self.r.hget(keys.batch(batch_id), "status") != "in_progress":
+                break  # cancelled: stop enqueuing; the sweep follows
+        cursor, refused = await self._write(batch_id, chunk, cursor)
+        if refused:
+            await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
+            return
         await self.r.hset(keys.batch(batch_id), mapping={"cursor": str(cursor),
                                                          "enqueue_done": "1"})
 
-    async def reject(self, h: dict[str, str], n: int, raw: bytes, exc: Exception) -> None:
+    async def _write(self, batch_id: str, chunk: list[tuple[int, NewJob | NewRejection]],
+                     cursor: int) -> tuple[int, bool]:
+        """The chunk's lines, written: the new cursor (the last line before the first
+        refused one) and whether one was refused (queue full: continue later). One round
+        trip creates the chunk's jobs; the rejections before the first refusal follow in a
+        second, only when there are any (a line valid at validation failing now is rare),
+        so no line after a refusal is rejected early. CREATE skips an id that exists, so a
+        line after the refusal that was created anyway (the queue drained between the
+        pipelined scripts) is not counted twice when it is sent again."""
+        jobs = [(n, x) for n, x in chunk if isinstance(x, NewJob)]
+        results = await self.state.jobs.create_many([x for _, x in jobs])
+        refusal = next((n for (n, _), got in zip(jobs, results, strict=True)
+                        if isinstance(got, QueueFull | TenantFull)), None)
+        done = [(n, x) for n, x in chunk if refusal is None or n < refusal]
+        await self.state.jobs.create_many([x for _, x in done if isinstance(x, NewRejection)])
+        if refusal is not None:
+            log.info("batch %s: queue full at line %d; continuing later", batch_id, refusal)
+        return (done[-1][0] if done else cursor), refusal is not None
+
+    async def _line(self, h: dict[str, str], n: int, raw: bytes) -> NewJob | NewRejection:
+        """Line `n` as the store writes it: its job, or its rejection."""
+        # Checked (and tokenised) a second time on purpose: keeping the validation pass's
+        # results would hold every line in memory, which is what this driver avoids.
+        try:
+            custom_id, p = await self._check_line(h, raw)
+        except RedisError:
+            raise
+        except Exception as exc:  # valid at validation, not now: that line fails alone
+            return self.rejection(h, n, raw, exc)
+        job_id, now = line_job_id(h["id"], n), time.time()
+        queue = keys.queue(p.model, p.priority)
+        # as service.enqueue builds a job, with the batch's fields and no durable WAIT
+        fields = {**p.fields, "id": job_id, "created_at": repr(now),
+                  "endpoint": h["endpoint"], "batch": h["id"], "custom_id": custom_id,
+                  "ttl": str(self.state.settings.api.file_ttl_s),
+                  "deadline": repr(float(h["expires_at"]))}
+        return NewJob(job_id, fields, h["owner"], queue,
+                      task_message(self.state.celery, job_id, queue), now)
+
+    def rejection(self, h: dict[str, str], n: int, raw: bytes, exc: Exception) -> NewRejection:
         """Line `n` ends `failed` without running: a line of the batch's error file (OpenAI's
         shape, status 400) and one more in its `failed` count."""
         err = exc if isinstance(exc, LineError) else LineError(
@@ -270,21 +304,25 @@ class BatchDriver:
         except Exception:
             custom_id = ""
         job_id = line_job_id(h["id"], n)
+        now = time.time()
         fields = {"id": job_id, "owner": h["owner"], "model": "", "backend": "",
                   "priority": "low", "state": "queued", "attempts": "0",
-                  "created_at": repr(time.time()), "request": "{}", "endpoint": h["endpoint"],
+                  "created_at": repr(now), "request": "{}", "endpoint": h["endpoint"],
                   "batch": h["id"], "custom_id": custom_id,
                   "ttl": str(self.state.settings.api.file_ttl_s)}
-        await self.state.jobs.reject(job_id, fields, tenant=h["owner"],
-                                     error=JobErrorInfo(code=err.code, message=err.message),
-                                     ttl=self.state.settings.api.file_ttl_s)
+        return NewRejection(job_id, fields, h["owner"],
+                            JobErrorInfo(code=err.code, message=err.message),
+                            self.state.settings.api.file_ttl_s, now)
 
     async def sweep_cancel(self, batch_id: str) -> None:
         """Queued lines end `cancelled` (counted by the job scripts); running ones finish."""
         s = self.state.settings
         await self.r.hset(keys.batch(batch_id), "enqueue_done", "1")
-        cursor = int(await self.r.hget(keys.batch(batch_id), "cursor") or 0)
-        for n in range(1, cursor + 1):
+        cursor, total = await self.r.hmget(keys.batch(batch_id), ["cursor", "total"])
+        # Lines just past the cursor may exist: written after a refused line of their chunk
+        # (AsyncJobStore.create_many), or by a driver that died before saving the cursor.
+        last = max(int(cursor or 0), min(int(cursor or 0) + MAX_PIPELINE, int(total or 0)))
+        for n in range(1, last + 1):
             await self.state.jobs.cancel(line_job_id(batch_id, n), ttl=s.api.file_ttl_s)
             if n % s.api.batch_chunk == 0:
                 await self._keep_lease(batch_id)

@@ -1,0 +1,72 @@
+"""A batch whose queue fills mid-chunk: the driver writes a chunk of lines in one round trip
+(AsyncJobStore.create_many), and the line outcomes are those of one line at a time: the
+lines before the refused one are created or rejected, the refused line and every line
+after it are left for later (none rejected early), the cursor stops before the refused
+line, and a cancel settles the batch with each written line counted once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from cli.stack import Stack
+from shared import keys
+from tests.faults.harness import FAKE_IDLE, fake_stack, redis_of
+from tests.faults.test_hostile_batches import client, inject_batch, wait_done
+from tests.integration.test_openai_batches import chat_line, jsonl
+
+LIMIT = 4
+# line n: True a valid line (its queue has no worker), False one whose model is gone
+LINES = [True, False, True, True, True, True, False, True]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    env = {"TOKENQ_API_KEYS": "key-alpha:alpha,key-beta:beta",
+           "TOKENQ_API__QUEUE_LIMIT": str(LIMIT)}
+    with fake_stack(tmp_path_factory.mktemp("batch-queue-full"), workers=1, env=env) as st:
+        yield st
+
+
+def wait_field(r: redis.Redis, key: str, field: str, value: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while r.hget(key, field) != value:
+        assert time.monotonic() < deadline, r.hgetall(key)
+        time.sleep(0.2)
+
+
+def test_queue_full_mid_chunk_keeps_line_outcomes(stack: Stack) -> None:
+    r = redis_of(stack)
+    alpha = client(stack, "alpha")
+    lines = [chat_line(f"l{n}", "hi", model=FAKE_IDLE if ok else "no-such-model")
+             for n, ok in enumerate(LINES, 1)]
+    f = alpha.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+    bid = "batch_0002"
+    inject_batch(r, bid, f.id, total=str(len(LINES)))
+    bk = keys.batch(bid)
+    # lines 1, 3, 4, 5 fill the queue (LIMIT 4), line 2 is rejected; line 6 is refused
+    wait_field(r, bk, "cursor", "5")
+    assert states(r, bid) == {1: "queued", 2: "failed", 3: "queued", 4: "queued", 5: "queued",
+                   6: None, 7: None, 8: None}
+    assert r.hget(bk, "enqueued") == "5"
+    assert r.hget(bk, "enqueue_done") is None
+    assert r.llen(keys.queue(FAKE_IDLE, "low")) == LIMIT
+    # cancelled while it waits for room: the queued lines end cancelled (counted failed, as
+    # OpenAI's request_counts do), the lines never written stay unwritten, the batch settles
+    alpha.batches.cancel(bid)
+    b = wait_done(alpha, bid)
+    assert b.status == "cancelled", b
+    assert b.request_counts is not None and b.request_counts.failed == 5, b
+    assert states(r, bid) == {1: "cancelled", 2: "failed", 3: "cancelled", 4: "cancelled",
+                              5: "cancelled", 6: None, 7: None, 8: None}
+    assert r.hget(bk, "enqueued") == "5"
+    r.close()
+
+
+def states(r: redis.Redis, batch_id: str) -> dict[int, str | None]:
+    n = batch_id.removeprefix("batch_")
+    return {i: r.hget(keys.job(f"job_{n}_{i}"), "state")  # type: ignore[misc]
+            for i in range(1, len(LINES) + 1)}
