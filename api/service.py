@@ -249,6 +249,20 @@ async def _prepare_embedding(state: AppState, tenant: str, req: JobRequest, base
     return Prepared(base, req.priority, n_prompt, fields, 0)
 
 
+def new_job(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = None,
+            deadline: float | None = None, extra: dict[str, str] | None = None) -> jobs.NewJob:
+    """A prepared request as the store creates it: its record's fields, its queue and its
+    Celery message (`enqueue`; the batch driver, a chunk of lines at a time)."""
+    job_id = job_id or new_job_id()
+    now = time.time()
+    fields = {**p.fields, "id": job_id, "created_at": repr(now), **(extra or {})}
+    if deadline is not None:
+        fields["deadline"] = repr(deadline)
+    queue = keys.queue(p.model, p.priority)
+    return jobs.NewJob(job_id, fields, tenant, queue, task_message(state.celery, job_id, queue),
+                       now)
+
+
 async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = None,
                   deadline: float | None = None, extra: dict[str, str] | None = None,
                   queue_limit: int | None = None, tenant_limit: int = 0, idem: Idem | None = None,
@@ -257,21 +271,16 @@ async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | No
     answered, the job id, its created_at). With an Idempotency-Key the store may answer
     with the key's earlier job (`Replayed`, `KeyReused`): the id returned is then that
     job's. `acked`: a client waits for this answer: durable acceptance (api/durable.py)."""
-    job_id = job_id or new_job_id()
-    now = time.time()
-    fields = {**p.fields, "id": job_id, "created_at": repr(now), **(extra or {})}
-    if deadline is not None:
-        fields["deadline"] = repr(deadline)
-    queue = keys.queue(p.model, p.priority)
+    job = new_job(state, tenant, p, job_id=job_id, deadline=deadline, extra=extra)
     idem_key = None if idem is None else jobs.IdemKey(idem.redis_key, idem.body_sha,
                                                       state.settings.api.idempotency_ttl_s)
-    created = await durable.create(state, job_id, fields, tenant=tenant, queue=queue,
-                                   message=task_message(state.celery, job_id, queue),
+    created = await durable.create(state, job.job_id, job.fields, tenant=tenant,
+                                   queue=job.queue, message=job.message,
                                    queue_limit=queue_limit, tenant_limit=tenant_limit,
-                                   now=now, idem=idem_key, durable=acked)
+                                   now=job.now, idem=idem_key, durable=acked)
     if isinstance(created, jobs.Replayed | jobs.KeyReused):
-        return created, created.job_id, now
-    return created, job_id, now
+        return created, created.job_id, job.now
+    return created, job.job_id, job.now
 
 
 async def submit(state: AppState, tenant: str, req: JobRequest, *,

@@ -29,7 +29,6 @@ from api.errors import TokenqError
 from api.openai import files, protocol
 from api.openai.batch_store import BatchStore
 from shared import keys
-from shared.celery_app import task_message
 from shared.jobs import NewJob, NewRejection, QueueFull, TenantFull, dumps
 from shared.schemas import JobErrorInfo
 
@@ -283,15 +282,10 @@ class BatchDriver:
             raise
         except Exception as exc:  # valid at validation, not now: that line fails alone
             return self.rejection(h, n, raw, exc)
-        job_id, now = line_job_id(h["id"], n), time.time()
-        queue = keys.queue(p.model, p.priority)
-        # as service.enqueue builds a job, with the batch's fields and no durable WAIT
-        fields = {**p.fields, "id": job_id, "created_at": repr(now),
-                  "endpoint": h["endpoint"], "batch": h["id"], "custom_id": custom_id,
-                  "ttl": str(self.state.settings.api.file_ttl_s),
-                  "deadline": repr(float(h["expires_at"]))}
-        return NewJob(job_id, fields, h["owner"], queue,
-                      task_message(self.state.celery, job_id, queue), now)
+        extra = {"endpoint": h["endpoint"], "batch": h["id"], "custom_id": custom_id,
+                 "ttl": str(self.state.settings.api.file_ttl_s)}
+        return service.new_job(self.state, h["owner"], p, job_id=line_job_id(h["id"], n),
+                               deadline=float(h["expires_at"]), extra=extra)
 
     def rejection(self, h: dict[str, str], n: int, raw: bytes, exc: Exception) -> NewRejection:
         """Line `n` ends `failed` without running: a line of the batch's error file (OpenAI's
