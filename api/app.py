@@ -31,6 +31,8 @@ from shared.redis_conn import async_client
 from shared.settings import Settings, get_settings
 from shared.store import AsyncJobStore
 
+GC_THRESHOLDS = (20_000, 10, 10)  # Python's default: (700, 10, 10)
+
 log = logging.getLogger("tokenq.api")
 
 
@@ -68,11 +70,13 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
         # Vocabularies now, in the background, so the first request does not wait for one.
         preload = asyncio.create_task(state.counter.preload(state.models),
                                       name="tokenq-vocab-preload")
-        # What start-up built lives as long as the process: out of the collector's sight, a
-        # full collection no longer walks it (those walks were the SSE fan-out's p99:
-        # `tokenq bench --scale`, docs/benchmarks.md).
+        # The SSE fan-out's p99 was the cyclic collector (`tokenq bench --scale`,
+        # docs/benchmarks.md): what start-up built lives as long as the process, so it is
+        # frozen out of the collector's sight, and collections run less often: a young one
+        # every 20,000 net allocations rather than 700, the older ones in proportion.
         gc.freeze()
         preload.add_done_callback(lambda _: gc.freeze())
+        gc.set_threshold(*GC_THRESHOLDS)
         app.state.tokenq = state
         if settings.env == "production" and settings.api.files_dir is None:
             log.warning("uploaded files are kept in Redis' memory: set TOKENQ_API__FILES_DIR to a "
