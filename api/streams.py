@@ -86,10 +86,8 @@ async def resume_point(r: aioredis.Redis, key: str, after: str) -> str | None:
         return after
     if fields.get("e") in TERMINAL_EVENTS:
         return None
-    # Past the end of a running stream. An id no later than Redis' clock may be one the
-    # client read before a failover lost it: the worker re-sends lost tokens with their
-    # ids (workers/publisher.py), so the cursor is kept and the client gets what follows
-    # it, nothing twice. A cursor from the future was never an id: read as the end.
+    # Past the end of a running stream: the worker re-sends lost tokens with their ids
+    # (workers/publisher.py), so a cursor that is not from the future is kept.
     now: Any = await r.time()
     if parse_id(after)[0] <= int(now[0]) * 1000 + int(now[1]) // 1000 + RESUME_SKEW_MS:
         return after

@@ -22,13 +22,6 @@ WHY = {"api": "its one event loop", "redis": "Redis runs commands on one thread"
 MACHINE = "machine"  # every process on the host, ours and others'
 
 
-def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
-
-
 class Meter:
     """CPU seconds of each process of the stack (and this one), and of the whole machine."""
 

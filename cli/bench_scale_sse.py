@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import redis
 
-from cli.bench_scale_load import Meter, bound, pct, post_jobs
+from cli.bench import pct
+from cli.bench_scale_load import Meter, bound, post_jobs
 from shared import keys
 from shared.jobs import Acquired
 from shared.schemas import TERMINAL_EVENTS

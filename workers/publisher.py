@@ -52,9 +52,10 @@ class JobHandle:
     usage: tuple[int, int] = (0, 0)  # prompt, completion tokens, set when the job ends
     resumed: int = 0  # tokens an earlier attempt streamed (a takeover continues after them)
     released: bool = False  # handed back: its lease is no longer renewed
-    # This attempt's token writes, by index - resumed, each with the entry id the stream
-    # gave it once known: what a failover lost is re-sent from here.
+    # This attempt's token writes, by index - resumed, and the entry id the stream gave each
+    # ("" until known): what a failover lost is re-sent from here.
     sent: list[TokenWrite] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
     resent: int = 0  # tokens written again: those a failover lost, and those queued behind
     # Redis writes that carried this job's events (tracing): count, seconds, and the
     # (start, end) of the latest one (the terminal event's, once done).
@@ -75,23 +76,25 @@ class JobHandle:
             self.text.append(text)
         at = write.index - self.resumed
         if 0 <= at < len(self.sent):
-            self.sent[at] = replace(write, entry_id=self.sent[at].entry_id)
+            self.sent[at] = write
         elif at >= 0:
             self.sent.append(write)
+            self.ids.append("")
 
     def written(self, got: AppendResult) -> None:
         """Note the entry ids an append gave this attempt's tokens."""
         first = got.stream_end - len(got.ids) - self.resumed
         for at, entry_id in enumerate(got.ids, start=first):
-            if 0 <= at < len(self.sent):
-                self.sent[at] = replace(self.sent[at], entry_id=entry_id)
+            if 0 <= at < len(self.ids):
+                self.ids[at] = entry_id
 
     def missing(self, stream_end: int) -> list[TokenWrite]:
-        """This attempt's tokens from index `stream_end` on (none if an earlier attempt's
-        are missing too: those are not held here)."""
+        """This attempt's tokens from index `stream_end` on, each with the entry id it had
+        (none if an earlier attempt's are missing too: those are not held here)."""
         if stream_end < self.resumed:
             return []
-        return self.sent[stream_end - self.resumed:]
+        at = stream_end - self.resumed
+        return [replace(w, entry_id=i) for w, i in zip(self.sent[at:], self.ids[at:], strict=True)]
 
 
 class Publisher:
