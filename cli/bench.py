@@ -245,6 +245,7 @@ def long_prompt_impact(url: str, model: str, streams: int = 7, long_words: int =
     """p95 inter-token latency of `streams` decoding jobs before vs while one long prompt
     is prefilled next to them (from its submission to its first token)."""
     stamps: list[list[float]] = [[] for _ in range(streams)]
+    ended = [False] * streams
     window: dict[str, float] = {}
 
     def background(i: int) -> None:
@@ -256,8 +257,15 @@ def long_prompt_impact(url: str, model: str, streams: int = 7, long_words: int =
         for ev in stream_events(client, resp.json()["id"], timeout=600):
             if ev.event == "token":
                 stamps[i].append(time.perf_counter())
+        ended[i] = True
 
     def long_job() -> None:
+        # The window "before" needs every stream decoding: on a loaded machine the first
+        # tokens can take longer than settle_s, so wait for them first (bounded).
+        deadline = time.monotonic() + 300
+        while (any(len(s) < 2 and not e for s, e in zip(stamps, ended, strict=True))
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
         time.sleep(settle_s)
         body = {"model": model, "prompt": prompt_text(9999, long_words), "max_tokens": 8,
                 "temperature": 0.7}
