@@ -46,7 +46,7 @@ class JobHandle:
     job_id: str
     attempt: int
     done: threading.Event = field(default_factory=threading.Event)
-    outcome: str = ""  # succeeded | failed | cancelled | fenced | handed_back
+    outcome: str = ""  # succeeded | failed | cancelled | fenced | handed_back | preempted
     text: list[str] = field(default_factory=list)
     first_token_at: float | None = None
     usage: tuple[int, int] = (0, 0)  # prompt, completion tokens, set when the job ends
@@ -198,7 +198,7 @@ class Publisher:
                 [f for f in step.finished if (f.job_id, f.attempt) not in self._dropped])
             for h in self.tracked():
                 if (h.job_id, h.attempt) in self._dropped:
-                    h.outcome = "handed_back"
+                    h.outcome = h.outcome or "handed_back"  # or "preempted"
                     h.done.set()
         by_job: dict[tuple[str, int], list[TokenDelta]] = defaultdict(list)
         for t in step.tokens:

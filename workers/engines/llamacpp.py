@@ -266,7 +266,8 @@ class LlamaCppEngine:
                                              "bad_request", f"could not prepare the job: {exc}"))
                 continue
             tokens = prompt + req.resume_token_ids
-            if len(tokens) + 1 > self.n_ctx_seq:
+            done = len(req.resume_token_ids) >= req.params.max_tokens  # stopped at its last token
+            if done or len(tokens) + 1 > self.n_ctx_seq:
                 sampler.free()
                 self.lora.release(group)
                 resumed = len(req.resume_token_ids)
