@@ -15,6 +15,11 @@ Bounded: a job is preempted at most `preempt_max` times; after that it keeps its
 its end, so a steady stream of interactive jobs cannot starve a tenant's batch. A
 preempted attempt bumps the job's attempt number (the fence) but not its count against
 max_attempts (shared/lua/acquire.lua). `preempt_max = 0` turns preemption off.
+
+Exactness: a resumed job prefills its tokens in one batch, so a greedy job's continuation
+may differ in the last float bits from an uninterrupted run (as a takeover's may). A job
+that asks for exact text (`cache_prompt: false`, which also skips prefix reuse) is never
+preempted: "batched jobs at temperature 0 equal each alone" holds for it as before.
 """
 
 from __future__ import annotations
@@ -128,7 +133,9 @@ class Preemptor:
         recs: list[list[str | None]] = pipe.execute()
         running = [Running(h.job_id, rec[0] or "normal", int(rec[1] or 0))
                    for h, rec in zip(handles, recs, strict=True)]
-        chosen = set(pick_victims(running, waiting, self.settings.worker.preempt_max))
+        # Slots of exact jobs count as taken but are never freed for another job.
+        pool = [run for h, run in zip(handles, running, strict=True) if h.preemptable]
+        chosen = set(pick_victims(pool, waiting, self.settings.worker.preempt_max))
         victims = [(h, run.priority) for h, run in zip(handles, running, strict=True)
                    if h.job_id in chosen]
         return self.preempt(victims)

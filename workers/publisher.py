@@ -52,6 +52,9 @@ class JobHandle:
     usage: tuple[int, int] = (0, 0)  # prompt, completion tokens, set when the job ends
     resumed: int = 0  # tokens an earlier attempt streamed (a takeover continues after them)
     released: bool = False  # handed back: its lease is no longer renewed
+    # May be preempted (workers/preempt.py); not a job that asked for exact text
+    # (cache_prompt false), whose greedy text must not depend on what else ran.
+    preemptable: bool = True
     # This attempt's token writes, by index - resumed, and the entry id the stream gave each
     # ("" until known): what a failover lost is re-sent from here.
     sent: list[TokenWrite] = field(default_factory=list)

@@ -90,6 +90,7 @@ def submit(rt: WorkerRuntime, job_id: str, got: Acquired) -> JobHandle:
     spec = got.spec
     guard_grammar(rt, job_id, got.attempt, spec.params)
     handle = rt.publisher.track(job_id, got.attempt, emitted=texts)
+    handle.preemptable = spec.params.cache_prompt
     try:
         rt.engine.submit(EngineRequest(
             job_id=job_id, attempt=got.attempt, prompt=spec.prompt, messages=spec.messages,
