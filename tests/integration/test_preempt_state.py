@@ -49,10 +49,11 @@ def test_preempted_job_is_queued_again_with_its_tokens_and_resumes(r: redis.Redi
     assert finish(r, 2) is True
     assert events(r) == ["queued", "started", "token", "token", "queued", "started", "token",
                          "done"]
-    toks = [json.loads(f["d"]) for _, f in r.xrange(keys.job_events(JOB)) if f["e"] == "token"]
+    entries: list[tuple[str, dict[str, str]]] = r.xrange(  # type: ignore[assignment]
+        keys.job_events(JOB))
+    toks = [json.loads(f["d"]) for _, f in entries if f["e"] == "token"]
     assert [t["index"] for t in toks] == [0, 1, 2]
-    requeued = [json.loads(f["d"]) for _, f in r.xrange(keys.job_events(JOB))
-                if f["e"] == "queued"]
+    requeued = [json.loads(f["d"]) for _, f in entries if f["e"] == "queued"]
     assert requeued[1] == {"position": None}
 
 
