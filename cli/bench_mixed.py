@@ -42,7 +42,7 @@ Send = Callable[[dict[str, Any], str], Sample]  # (request body, priority) -> it
 
 @dataclass(frozen=True)
 class MixedConfig:
-    batch: int = 48  # low-priority jobs, submitted at once
+    batch: int = 48  # low-priority jobs, submitted at once (outlasting the arrivals)
     batch_tokens: int = 256
     batch_words: int = 120  # a post-call transcript's worth of prompt
     arrivals: int = 16  # interactive requests (Poisson)
@@ -88,6 +88,14 @@ class Figures:
     errors: int
 
 
+def long_text(tag: str, words: int) -> str:
+    """A call transcript's worth of words, then an opening that invites a long text (a
+    bare "Summary:" lets a small model stop at once, and the servers' runs would then
+    differ in length, not in speed); unique per request, so no prompt cache serves it."""
+    body = prompt_text(0, words).removesuffix("\nSummary:").split("] ", 1)[1]
+    return f"[{tag}] {body}\n\nChapter 1. The night shift at the call center began when"
+
+
 def arrival_times(cfg: MixedConfig) -> list[float]:
     """Seconds after the first arrival window opens: a Poisson process, the same each run."""
     rng = random.Random(cfg.seed)
@@ -106,13 +114,12 @@ def run_phase(send: Send, model: str, cfg: MixedConfig, *, batch: bool,
     lock = threading.Lock()
 
     def batch_job(i: int) -> Sample:
-        body = request_body(model, prompt_text(i, cfg.batch_words, -1), cfg.batch_tokens, i,
-                            stop)
+        body = request_body(model, long_text(f"{tag}.{i}", cfg.batch_words),
+                            cfg.batch_tokens, i, stop)
         return send(body, "low")
 
     def interactive_job(i: int) -> tuple[Sample, bool]:
-        words = cfg.interactive_words
-        body = request_body(model, f"[{tag}.{i}] Question {i}: " + prompt_text(i, words, -2),
+        body = request_body(model, long_text(f"{tag}.q{i}", cfg.interactive_words),
                             cfg.interactive_tokens, 1000 + i, stop)
         busy = not drained.is_set()
         return send(body, "high"), busy
@@ -146,7 +153,7 @@ def run_phase(send: Send, model: str, cfg: MixedConfig, *, batch: bool,
             s, busy = fi.result()
             with lock:
                 phase.errors += not s.ok
-            if s.ok and busy:
+            if s.ok and s.tokens and busy:
                 phase.ttft_ms.append(1000 * s.ttft)
         if batch:
             drained.wait()
@@ -158,6 +165,8 @@ def measure(server: str, send: Send, model: str, cfg: MixedConfig, console: Cons
     """The three phases on one server. `stop`: the model's tokenq stop strings, sent to
     every server (a peer that is not told stops later: different work)."""
     console.print(f"[bold]{server}[/]: idle, batch alone, mixed")
+    # one request first, unmeasured: a fresh server's first one pays one-off costs
+    send(request_body(model, long_text("warm-up", cfg.interactive_words), 4, 0, stop), "high")
     idle = run_phase(send, model, cfg, batch=False, interactive=True, tag="idle", stop=stop)
     alone = run_phase(send, model, cfg, batch=True, interactive=False, tag="alone", stop=stop)
     mixed = run_phase(send, model, cfg, batch=True, interactive=True, tag="mixed", stop=stop)
