@@ -200,19 +200,44 @@ def bench(
         "--scale", help="the queue itself, on its own stack and the fake engine: SSE "
         "fan-out, POST /v1/jobs/s, Redis memory per job, a backlog drained with 0 lost")]
     = False,
-    quick: Annotated[bool, typer.Option("--quick", help="--scale with small counts")] = False,
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="--scale or --mixed with small counts")] = False,
     clients: Annotated[int | None, typer.Option(help="--scale: SSE streams (1000)")] = None,
     token_rate: Annotated[float | None, typer.Option(
         help="--scale: tok/s the synthetic source writes to the streams (2000)")] = None,
     posts: Annotated[int | None, typer.Option(help="--scale: POST /v1/jobs count (2000)")]
     = None,
     backlog: Annotated[int | None, typer.Option(help="--scale: backlog jobs (50000)")] = None,
+    mixed: Annotated[bool, typer.Option(
+        "--mixed", help="interactive high-priority arrivals beside a saturating low-priority "
+        "batch: TTFT idle vs under the batch, batch tok/s alone vs mixed; peers: preemption "
+        "off, C++ llama-server (FIFO)")] = False,
+    batch_jobs: Annotated[int | None, typer.Option(help="--mixed: batch jobs (48)")] = None,
+    batch_tokens: Annotated[int | None, typer.Option(
+        help="--mixed: max_tokens of a batch job (256)")] = None,
+    arrivals: Annotated[int | None, typer.Option(
+        help="--mixed: interactive requests (16)")] = None,
+    rate: Annotated[float | None, typer.Option(
+        help="--mixed: interactive arrivals per second, Poisson (0.5)")] = None,
+    peers: Annotated[bool, typer.Option(help="--mixed: also run the peers")] = True,
 ) -> None:
     """Streaming load test: tok/s, TTFT, inter-token and e2e latency per concurrency level."""
     import json
 
     if scale:
         _bench_scale(quick, clients, token_rate, posts, backlog, json_out)
+        return
+    if mixed:
+        from rich.console import Console
+
+        from cli.bench_mixed import config_from, run_mixed
+
+        settings = _settings()
+        out = run_mixed(settings, model or settings.default_model,
+                        config_from(quick, batch_jobs, arrivals, rate, batch_tokens, peers),
+                        Console(stderr=json_out))
+        if json_out:
+            typer.echo(json.dumps(out, indent=2))
         return
 
     from cli.bench import bench as run_bench

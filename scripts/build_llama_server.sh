@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build llama.cpp's C++ llama-server from the source vendored in the llama-cpp-python sdist
 # (same version and CPU flags as the Python build) into ~/.cache/tokenq/llama-server/<key>/.
-# Prints the binary's path. Used by `tokenq bench --compare` as the practical upper bound.
+# Prints the binary's path. Used by `tokenq bench --compare` as the practical upper bound
+# (and, with --find, by `tokenq bench --mixed`, which never builds it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LLAMA_VERSION=0.3.36
@@ -9,6 +10,8 @@ ARGS="$(scripts/llama_cmake_args.sh)"
 KEY=$(printf '%s %s' "$LLAMA_VERSION" "$ARGS" | sha256sum | cut -c1-16)
 OUT="${TOKENQ_CACHE:-$HOME/.cache/tokenq}/llama-server/$KEY"
 if [ -x "$OUT/llama-server" ]; then echo "$OUT/llama-server"; exit 0; fi
+# --find: only say where a built one is (exit 1 if none), never build
+if [ "${1:-}" = "--find" ]; then exit 1; fi
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 .venv/bin/python -m pip download -q --no-binary :all: --no-deps -d "$WORK" \

@@ -13,6 +13,8 @@
     requeue  (worker)  a job no message will deliver goes back on its queue (takeover,
                        lost message)
     handback (worker)  a draining worker puts its running job back (same takeover path)
+    preempt  (worker)  running -> queued again, lease dropped, tokens kept, preemptions += 1:
+                       room for a waiting higher-priority job (resumed like a takeover)
     reject   (api)     a batch line that cannot be enqueued: its record, ended `failed`
 
 The attempt check on every worker write is the fence: a worker that lost its lease
@@ -331,3 +333,10 @@ def hand_back(job_id: str, *, worker: str, attempt: int, queue: str,
               message: str) -> Call[bool]:
     return Call("handback", [keys.job(job_id), keys.job_lease(job_id), queue],
                 [lease_value(worker, attempt), message], _flag)
+
+
+def preempt(job_id: str, *, worker: str, attempt: int, queue: str, message: str, now: float,
+            maxlen: int) -> Call[bool]:
+    return Call("preempt", [keys.job(job_id), keys.job_lease(job_id), queue,
+                            keys.job_events(job_id), keys.RUNNING, keys.QUEUED],
+                [lease_value(worker, attempt), message, repr(now), maxlen], _flag)

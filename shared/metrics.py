@@ -56,6 +56,9 @@ class WorkerMetrics:
         self.queue_time = Histogram("tokenq_queue_time_seconds",
                                     "From job creation to its start on this worker", ["model"],
                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.preemptions = Counter("tokenq_preemptions_total",
+                                   "Running jobs handed back for a higher-priority job",
+                                   ["model"], registry=r)
         self.prompt_tokens = Counter("tokenq_prompt_tokens_total", "Prompt tokens prefilled",
                                      ["model"], registry=r)
         self.generation_tokens = Counter("tokenq_generation_tokens_total", "Tokens generated",

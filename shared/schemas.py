@@ -253,6 +253,8 @@ class JobRecord(BaseModel):
     state: JobState
     status: JobState
     attempts: int
+    # attempts that ended preempted for a higher-priority job (not counted as failures)
+    preemptions: int = 0
     created_at: float
     started_at: float | None = None
     finished_at: float | None = None
@@ -285,6 +287,7 @@ class JobRecord(BaseModel):
             state=h["state"],  # type: ignore[arg-type]
             status=h["state"],  # type: ignore[arg-type]
             attempts=int(h.get("attempts", 0)),
+            preemptions=int(h.get("preemptions", 0)),
             created_at=float(h["created_at"]),
             started_at=opt_float("started_at"),
             finished_at=opt_float("finished_at"),

@@ -22,7 +22,7 @@ from shared import keys
 
 LUA_DIR = Path(__file__).parent / "lua"
 NAMES = ("create", "acquire", "append", "finish", "cancel", "requeue", "handback",
-         "renew_job", "renew", "settle", "release", "take", "claim", "reject")
+         "preempt", "renew_job", "renew", "settle", "release", "take", "claim", "reject")
 _INCLUDE = re.compile(r"^--#include (\w+)$", re.MULTILINE)
 _CONSTANT = re.compile(r"@([A-Z_]+)@")
 CONSTANTS = {

@@ -119,6 +119,15 @@ class WorkerSettings(BaseModel):
     # SIGTERM: stop taking jobs, let running ones finish this long, then hand them back.
     drain_grace_s: float = 30.0
 
+    # Preemption (workers/preempt.py): while a job waits in a higher lane (high over normal
+    # over low) and every slot of this worker is taken, running jobs of a lower lane are
+    # handed back to their queue (`queued` again, tokens kept) and later continued from
+    # their tokens like a takeover, so interactive traffic does not wait behind a batch.
+    # A job is preempted at most preempt_max times (then it runs to its end); 0 turns
+    # preemption off. The waiting lanes are checked every preempt_poll_s.
+    preempt_max: int = Field(default=2, ge=0)
+    preempt_poll_s: float = Field(default=0.05, gt=0)
+
     # Each worker serves its engine metrics here (0: a free port; advertised in heartbeats).
     metrics_addr: str = "127.0.0.1"
     metrics_port: int | None = 0

@@ -126,6 +126,13 @@ class JobStore:
         return self._run(jobs.hand_back(job_id, worker=worker, attempt=attempt, queue=queue,
                                         message=message))
 
+    def preempt(self, job_id: str, worker: str, attempt: int, queue: str,
+                message: str) -> bool:
+        """Back to `queued` (tokens kept) for a waiting higher-priority job: True if it was."""
+        return self._run(jobs.preempt(job_id, worker=worker, attempt=attempt, queue=queue,
+                                      message=message, now=time.time(),
+                                      maxlen=self.s.stream_maxlen))
+
 
 class AsyncJobStore:
     """asyncio: the API's transitions (create, cancel)."""

@@ -46,12 +46,15 @@ class JobHandle:
     job_id: str
     attempt: int
     done: threading.Event = field(default_factory=threading.Event)
-    outcome: str = ""  # succeeded | failed | cancelled | fenced | handed_back
+    outcome: str = ""  # succeeded | failed | cancelled | fenced | handed_back | preempted
     text: list[str] = field(default_factory=list)
     first_token_at: float | None = None
     usage: tuple[int, int] = (0, 0)  # prompt, completion tokens, set when the job ends
     resumed: int = 0  # tokens an earlier attempt streamed (a takeover continues after them)
     released: bool = False  # handed back: its lease is no longer renewed
+    # May be preempted (workers/preempt.py); not a job that asked for exact text
+    # (cache_prompt false), whose greedy text must not depend on what else ran.
+    preemptable: bool = True
     # This attempt's token writes, by index - resumed, and the entry id the stream gave each
     # ("" until known): what a failover lost is re-sent from here.
     sent: list[TokenWrite] = field(default_factory=list)
@@ -198,7 +201,7 @@ class Publisher:
                 [f for f in step.finished if (f.job_id, f.attempt) not in self._dropped])
             for h in self.tracked():
                 if (h.job_id, h.attempt) in self._dropped:
-                    h.outcome = "handed_back"
+                    h.outcome = h.outcome or "handed_back"  # or "preempted"
                     h.done.set()
         by_job: dict[tuple[str, int], list[TokenDelta]] = defaultdict(list)
         for t in step.tokens:

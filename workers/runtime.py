@@ -3,7 +3,8 @@ and bound to its Celery app, where the generate task finds it.
 
 The parts: the engine and the publisher that writes its steps (workers/publisher.py),
 the heartbeat (workers/heartbeat.py) that keeps the leases (workers/leases.py) and
-runs the rescue (workers/reconciler.py), the drainer (workers/drain.py), the adapter
+runs the rescue (workers/reconciler.py), the drainer (workers/drain.py), the preemptor
+(workers/preempt.py), the adapter
 watcher, the webhook sender and the metrics server.
 """
 
@@ -30,6 +31,7 @@ from workers.drain import Drainer
 from workers.engines.base import Engine
 from workers.heartbeat import Heartbeat, advertised_metrics_host
 from workers.leases import Leases
+from workers.preempt import Preemptor
 from workers.publisher import Publisher
 from workers.reconciler import Reconciler
 from workers.webhooks import WebhookSender
@@ -62,6 +64,9 @@ class WorkerRuntime:
         self.drainer = Drainer(self.store, s, celery=self.celery,
                                publisher=self.publisher, engine=self.engine, model=self.model,
                                worker_id=self.worker_id)
+        self.preemptor = Preemptor(self.store, s, celery=self.celery, publisher=self.publisher,
+                                   engine=self.engine, model=self.model,
+                                   worker_id=self.worker_id, metrics=self.metrics)
         self.heartbeat = Heartbeat(
             r=self.r, settings=s, worker_id=self.worker_id, model=self.model, engine=self.engine,
             adapters=self.adapters, metrics=self.metrics,
@@ -80,12 +85,15 @@ class WorkerRuntime:
         self.engine.start(self.publisher.sink)
         self.adapters.start()
         self.heartbeat.start()
+        if not self.cfg.embedding:  # embeddings are one step each: nothing to preempt
+            self.preemptor.start()
         self.webhooks.start()
         log.info("worker %s serving %s on %s (%d slots)", self.worker_id, self.model,
                  self.engine.backend, self.engine.slots)
 
     def close(self) -> None:
         self.heartbeat.stop()
+        self.preemptor.stop()
         self.adapters.stop()
         self.webhooks.stop()
         self.engine.close()

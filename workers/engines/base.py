@@ -33,6 +33,9 @@ class EngineRequest:
     adapter: AdapterRef | None = None
     # An embedding job: the texts to embed (prompt and messages are then None).
     inputs: list[str] | None = None
+    # An interactive job (priority high): its prompt goes into the next step whole, ahead
+    # of other prompts, rather than in chunks sized to keep decoding streams smooth.
+    urgent: bool = False
 
 
 @dataclass(slots=True)

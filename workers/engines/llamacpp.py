@@ -266,7 +266,8 @@ class LlamaCppEngine:
                                              "bad_request", f"could not prepare the job: {exc}"))
                 continue
             tokens = prompt + req.resume_token_ids
-            if len(tokens) + 1 > self.n_ctx_seq:
+            done = len(req.resume_token_ids) >= req.params.max_tokens  # stopped at its last token
+            if done or len(tokens) + 1 > self.n_ctx_seq:
                 sampler.free()
                 self.lora.release(group)
                 resumed = len(req.resume_token_ids)
@@ -305,10 +306,14 @@ class LlamaCppEngine:
         self.lora.apply(group)
         # Decoders first: one token each keeps every stream moving every step. Prompts
         # (oldest first) share what the prefill budget leaves.
+        # An urgent (interactive) prompt goes first and whole.
         order = sorted((s for s in self._active.values()
-                        if s.group == group and s.leader is None), key=lambda s: s.prefilling)
+                        if s.group == group and s.leader is None),
+                       key=lambda s: (s.prefilling, not s.req.urgent))
         decoding = sum(1 for s in order if not s.prefilling)
-        budget = decoding + self.budget.tokens(decoding, len(order) - decoding)
+        urgent = sum(len(s.tokens) for s in order if s.prefilling and s.req.urgent)
+        budget = decoding + max(min(urgent, self.budget.n_batch - decoding),
+                                self.budget.tokens(decoding, len(order) - decoding))
         for seq in order:
             room = budget - n
             if room <= 0:

@@ -1,0 +1,100 @@
+"""preempt.lua on a real Redis through the job store: a preempted job is `queued` again
+with its tokens kept, resumes as a takeover does, and preemptions do not use up
+max_attempts. The victim choice (workers/preempt.pick_victims) is checked here too."""
+
+from __future__ import annotations
+
+import json
+
+import redis
+
+from shared import keys
+from shared.jobs import Appended, Skipped, SkipReason
+from tests.integration.test_job_state import (
+    JOB,
+    MSG2,
+    acquire,
+    append,
+    attempt_of,
+    create,
+    events,
+    finish,
+    store,
+)
+from workers.preempt import Running, pick_victims
+
+
+def preempt(r: redis.Redis, worker: str, attempt: int) -> bool:
+    return store(r).preempt(JOB, worker, attempt, "q", MSG2)
+
+
+def test_preempted_job_is_queued_again_with_its_tokens_and_resumes(r: redis.Redis) -> None:
+    create(r)
+    r.delete("q")
+    assert attempt_of(acquire(r, "w1")) == 1
+    assert append(r, 1, ("a", 5, 0), ("b", 6, 1)) is Appended.WRITTEN
+    assert preempt(r, "w2", 1) is False  # not w2's lease
+    assert preempt(r, "w1", 1) is True
+    h = r.hgetall(keys.job(JOB))
+    assert h["state"] == "queued" and h["preemptions"] == "1" and h["msg"] == MSG2
+    assert not r.exists(keys.job_lease(JOB))
+    assert r.zscore(keys.RUNNING, keys.job(JOB)) is None
+    assert r.zscore(keys.QUEUED, keys.job(JOB)) is not None  # a lost message is rescued
+    assert r.lrange("q", 0, -1) == [MSG2]
+    assert preempt(r, "w1", 1) is False  # once
+    assert append(r, 1, ("x", 7, 2)) is Appended.FENCED  # a step in flight is fenced off
+    assert finish(r, 1) is False
+    assert attempt_of(acquire(r, "w2")) == 2
+    assert append(r, 2, ("c", 8, 2)) is Appended.WRITTEN
+    assert finish(r, 2) is True
+    assert events(r) == ["queued", "started", "token", "token", "queued", "started", "token",
+                         "done"]
+    entries: list[tuple[str, dict[str, str]]] = r.xrange(  # type: ignore[assignment]
+        keys.job_events(JOB))
+    toks = [json.loads(f["d"]) for _, f in entries if f["e"] == "token"]
+    assert [t["index"] for t in toks] == [0, 1, 2]
+    requeued = [json.loads(f["d"]) for _, f in entries if f["e"] == "queued"]
+    assert requeued[1] == {"position": None}
+
+
+def test_preemptions_do_not_use_up_max_attempts(r: redis.Redis) -> None:
+    create(r)
+    for n in (1, 2, 3, 4):  # four attempts preempted: max_attempts is 2
+        assert attempt_of(acquire(r, "w1", max_attempts=2)) == n
+        assert preempt(r, "w1", n) is True
+    assert attempt_of(acquire(r, "w1", max_attempts=2)) == 5
+    r.delete(keys.job_lease(JOB))  # the worker died: one lost attempt
+    assert attempt_of(acquire(r, "w2", max_attempts=2)) == 6
+    r.delete(keys.job_lease(JOB))  # and again: two lost, the bound
+    assert acquire(r, "w3", max_attempts=2) == Skipped(SkipReason.EXHAUSTED)
+    err = json.loads(r.hget(keys.job(JOB), "error") or "{}")
+    assert err["code"] == "max_attempts" and "2 times" in err["message"]
+
+
+def test_a_running_job_that_ended_is_not_preempted(r: redis.Redis) -> None:
+    create(r)
+    assert attempt_of(acquire(r, "w1")) == 1
+    assert finish(r, 1) is True
+    r.set(keys.job_lease(JOB), "w1|1")  # even with a lease left behind
+    assert preempt(r, "w1", 1) is False
+    assert r.hget(keys.job(JOB), "state") == "succeeded"
+
+
+def run(job_id: str, priority: str, preemptions: int = 0) -> Running:
+    return Running(job_id, priority, preemptions)
+
+
+def test_victims_are_the_lowest_lane_most_recent_below_the_waiting_lane() -> None:
+    running = [run("l1", "low"), run("n1", "normal"), run("l2", "low"), run("h1", "high")]
+    assert pick_victims(running, {"high": 1}, 2) == ["l2"]
+    assert pick_victims(running, {"high": 3}, 2) == ["l2", "l1", "n1"]
+    assert pick_victims(running, {"high": 9}, 2) == ["l2", "l1", "n1"]  # never a high one
+    assert pick_victims(running, {"normal": 3}, 2) == ["l2", "l1"]  # only lanes below
+    assert pick_victims(running, {"high": 1, "normal": 2}, 2) == ["l2", "l1"]
+    assert pick_victims(running, {}, 2) == []
+
+
+def test_a_job_preempted_preempt_max_times_keeps_its_slot() -> None:
+    running = [run("l1", "low", 2), run("l2", "low", 1)]
+    assert pick_victims(running, {"high": 2}, 2) == ["l2"]
+    assert pick_victims(running, {"high": 2}, 0) == []  # off

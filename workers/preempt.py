@@ -1,0 +1,164 @@
+"""Preemption: a job waiting in a higher lane does not wait for a batch job's slot.
+
+Celery gives a worker a new message only when one of its slot threads is free, and takes
+its lanes high first; with every slot running low-priority jobs, an interactive one would
+wait for the first of them to end (a 256-token batch line: tens of seconds on a CPU).
+The preemptor looks at its model's lanes every `preempt_poll_s`: while every slot is
+taken and jobs wait in a lane above some running job's, it hands that many of the
+lowest-lane, most recently started jobs back (shared/lua/preempt.lua: `queued` again,
+tokens kept, `preemptions` + 1). Their slot threads end, take the waiting jobs (lanes
+are consumed high first), and the preempted jobs later continue from their tokens
+exactly like a takeover: the stream has no gap and no duplicate, and the record's output
+is the stream.
+
+Bounded: a job is preempted at most `preempt_max` times; after that it keeps its slot to
+its end, so a steady stream of interactive jobs cannot starve a tenant's batch. A
+preempted attempt bumps the job's attempt number (the fence) but not its count against
+max_attempts (shared/lua/acquire.lua). `preempt_max = 0` turns preemption off.
+
+Exactness: a resumed job prefills its tokens in one batch, so a greedy job's continuation
+may differ in the last float bits from an uninterrupted run (as a takeover's may). A job
+that asks for exact text (`cache_prompt: false`, which also skips prefix reuse) is never
+preempted: "batched jobs at temperature 0 equal each alone" holds for it as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import redis
+from celery import Celery
+
+from shared import keys
+from shared.celery_app import task_message
+from shared.metrics import WorkerMetrics
+from shared.settings import Settings
+from shared.store import JobStore
+from workers.engines.base import Engine
+from workers.publisher import JobHandle, Publisher
+
+log = logging.getLogger(__name__)
+
+# How long a preempted job's engine gets to let go (its last token steps written).
+LET_GO_S = 5.0
+# Lanes, highest first (shared/keys.PRIORITIES); a job may preempt those after its own.
+RANK = {p: i for i, p in enumerate(keys.PRIORITIES)}
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A running job as the preemptor sees it (in the order its attempts started)."""
+
+    job_id: str
+    priority: str
+    preemptions: int
+
+
+def pick_victims(running: Sequence[Running], waiting: Mapping[str, int],
+                 preempt_max: int) -> list[str]:
+    """The jobs to preempt for the jobs `waiting` (per lane): each waiting job, highest
+    lane first, takes the lowest-lane job below its own lane, the most recently started
+    first (the least work to re-prefill), among those preempted fewer than `preempt_max`
+    times."""
+    pool = [(RANK.get(j.priority, RANK["normal"]), i, j) for i, j in enumerate(running)
+            if j.preemptions < preempt_max]
+    pool.sort(key=lambda c: (-c[0], -c[1]))
+    victims: list[str] = []
+    for lane in keys.PRIORITIES:
+        for _ in range(waiting.get(lane, 0)):
+            got = next((c for c in pool if c[0] > RANK[lane]), None)
+            if got is None:
+                break
+            pool.remove(got)
+            victims.append(got[2].job_id)
+    return victims
+
+
+@dataclass
+class Preemptor:
+    store: JobStore
+    settings: Settings
+    celery: Celery
+    publisher: Publisher
+    engine: Engine
+    model: str
+    worker_id: str
+    metrics: WorkerMetrics | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    @property
+    def r(self) -> redis.Redis:
+        return self.store.r
+
+    def start(self) -> None:
+        if self.settings.worker.preempt_max <= 0:
+            return
+        self._thread = threading.Thread(target=self._run, name="tokenq-preempt", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        failing = False
+        while not self._stop.wait(self.settings.worker.preempt_poll_s):
+            try:
+                self.poll()
+                failing = False
+            except redis.RedisError as exc:  # Redis away: nothing to preempt for meanwhile
+                if not failing:
+                    log.warning("preemption paused (Redis unavailable: %s)", exc)
+                failing = True
+            except Exception:
+                log.exception("preemption check failed")
+
+    def poll(self) -> list[str]:
+        """Preempt what the waiting jobs need now; the ids preempted."""
+        handles = [h for h in self.publisher.tracked() if not h.released and not h.done.is_set()]
+        if not handles or len(handles) < self.engine.slots or not self.engine.healthy():
+            return []  # a free slot: Celery hands it the waiting job by itself
+        lanes = keys.PRIORITIES[:-1]  # nothing ranks below the last lane
+        pipe = self.r.pipeline(transaction=False)
+        for lane in lanes:
+            pipe.llen(keys.queue(self.model, lane))
+        waiting = dict(zip(lanes, (int(n) for n in pipe.execute()), strict=True))
+        if not any(waiting.values()):
+            return []
+        for h in handles:
+            pipe.hmget(keys.job(h.job_id), ["priority", "preemptions"])
+        recs: list[list[str | None]] = pipe.execute()
+        running = [Running(h.job_id, rec[0] or "normal", int(rec[1] or 0))
+                   for h, rec in zip(handles, recs, strict=True)]
+        # Slots of exact jobs count as taken but are never freed for another job.
+        pool = [run for h, run in zip(handles, running, strict=True) if h.preemptable]
+        chosen = set(pick_victims(pool, waiting, self.settings.worker.preempt_max))
+        victims = [(h, run.priority) for h, run in zip(handles, running, strict=True)
+                   if h.job_id in chosen]
+        return self.preempt(victims)
+
+    def preempt(self, victims: Sequence[tuple[JobHandle, str]]) -> list[str]:
+        """Stop the engine on each victim (what it generated after its last written step is
+        dropped: the next attempt generates it again), then put it back on its queue."""
+        for handle, _ in victims:
+            handle.released = True  # the heartbeat stops renewing its lease
+            handle.outcome = "preempted"  # what its task thread returns
+            self.publisher.drop(handle.job_id, handle.attempt)
+            self.engine.cancel(handle.job_id)
+        done: list[str] = []
+        for handle, priority in victims:
+            if self.engine.healthy():
+                handle.done.wait(LET_GO_S)  # its steps before the cancel are written
+            queue = keys.queue(self.model, priority)
+            ok = self.store.preempt(handle.job_id, self.worker_id, handle.attempt, queue,
+                                    task_message(self.celery, handle.job_id, queue))
+            log.info("job %s: preempted for a waiting higher-priority job (%s)",
+                     handle.job_id, "requeued" if ok else "no longer ours")
+            if ok:
+                done.append(handle.job_id)
+                if self.metrics is not None:
+                    self.metrics.preemptions.labels(self.model).inc()
+        return done
