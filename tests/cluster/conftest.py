@@ -84,7 +84,8 @@ def running(c: Cluster, services: list[str], counts: dict[str, int],
             logs = str(exc)
         (folder / "compose.log").write_text(logs)
         print(f"\n[cluster] compose logs: {folder / 'compose.log'}")
-        c.compose("down", "-v", "--remove-orphans", timeout=300)
+        # No drain at the end: nothing is checked after it.
+        c.compose("down", "-v", "--remove-orphans", "-t", "10", timeout=300)
 
 
 # Module scope: each test module brings up its own deployment and takes it down before the

@@ -32,9 +32,9 @@ HA_ENV = {
     "REDIS_MIN_REPLICAS_MAX_LAG": "5",
 }
 STREAMS = 3
-STREAM_TOKENS = 300  # still running when the fault lands, and after the failover
+STREAM_TOKENS = 200  # still running when the fault lands, and after the failover
 BATCH_LINES = 8
-POST_EVERY_S = 0.25
+POST_EVERY_S = 0.5
 MAX_POSTS = 600  # the POST loop's bound besides its deadline
 
 
@@ -131,7 +131,7 @@ class PostLoop:
             for i in range(MAX_POSTS):
                 if self.stop.is_set() or time.monotonic() > deadline:
                     return
-                body = {"model": MODEL, "prompt": f"Say {i} in words:", "max_tokens": 8,
+                body = {"model": MODEL, "prompt": f"Say {i} in words:", "max_tokens": 4,
                         "temperature": 0}
                 t = time.monotonic()
                 try:

@@ -60,37 +60,6 @@ def pct(values: list[float], q: float) -> float:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
 
 
-def test_post_latency_with_and_without_the_durability_wait(ha_cluster: Cluster) -> None:
-    """One more API container with DURABLE_REPLICAS=0 beside the durable replicas; POSTs
-    take turns between them, one at a time."""
-    c = ha_cluster
-    settle(c)
-    name = c.compose("run", "-d", "--no-deps", "-e", "TOKENQ_API__DURABLE_REPLICAS=0",
-                     "api").splitlines()[-1].strip()
-    try:
-        plain_url = f"http://{c.ip(name)}:8000"
-        wait_for("the plain API ready", lambda: httpx.get(
-            plain_url + "/ready?workers=false", timeout=3).status_code == 200, 120)
-        times: dict[str, list[float]] = {"durable": [], "plain": []}
-        with c.client(c.api_urls()[0]) as durable, c.client(plain_url) as plain:
-            for i in range(LATENCY_POSTS * 2):
-                side, cl = (("durable", durable), ("plain", plain))[i % 2]
-                body = {"model": MODEL, "prompt": f"Say {i}:", "max_tokens": 1,
-                        "temperature": 0}
-                t = time.perf_counter()
-                resp = cl.post("/v1/jobs", json=body)
-                times[side].append((time.perf_counter() - t) * 1000)
-                assert resp.status_code == 202, resp.text
-    finally:
-        sh("docker", "rm", "-f", name, check=False)
-    FIGURES["ha_post_latency"] = {
-        "posts": LATENCY_POSTS,
-        **{f"{side}_{q}_ms": pct(v, p) for side, v in times.items()
-           for q, p in (("p50", 0.5), ("p99", 0.99))},
-        "median_extra_ms": round(statistics.median(times["durable"])
-                                 - statistics.median(times["plain"]), 2)}
-
-
 def test_primary_killed_under_load(ha_cluster: Cluster) -> None:
     """SIGKILL the master's container: Sentinel promotes a replica, which still has the
     other, so writes and durable 202s go on there; a supervisor then starts the dead node
@@ -207,3 +176,35 @@ def test_partitioned_primary_refuses_writes_and_loses_nothing(ha_cluster: Cluste
         "post_back_s": round(back - t0, 2), "healed_s": round(healed, 2),
         "old_master_replica_s": round(rejoined, 2), "streams_resumed_s": load.resumed_s(t0)}
     settle(c)
+
+
+def test_post_latency_with_and_without_the_durability_wait(ha_cluster: Cluster) -> None:
+    """One more API container with DURABLE_REPLICAS=0 beside the durable replicas; POSTs
+    take turns between them, one at a time. Last: the jobs it leaves queued would hold up
+    the other scenarios' streams."""
+    c = ha_cluster
+    settle(c)
+    name = c.compose("run", "-d", "--no-deps", "-e", "TOKENQ_API__DURABLE_REPLICAS=0",
+                     "api").splitlines()[-1].strip()
+    try:
+        plain_url = f"http://{c.ip(name)}:8000"
+        wait_for("the plain API ready", lambda: httpx.get(
+            plain_url + "/ready?workers=false", timeout=3).status_code == 200, 120)
+        times: dict[str, list[float]] = {"durable": [], "plain": []}
+        with c.client(c.api_urls()[0]) as durable, c.client(plain_url) as plain:
+            for i in range(LATENCY_POSTS * 2):
+                side, cl = (("durable", durable), ("plain", plain))[i % 2]
+                body = {"model": MODEL, "prompt": f"Say {i}:", "max_tokens": 1,
+                        "temperature": 0}
+                t = time.perf_counter()
+                resp = cl.post("/v1/jobs", json=body)
+                times[side].append((time.perf_counter() - t) * 1000)
+                assert resp.status_code == 202, resp.text
+    finally:
+        sh("docker", "rm", "-f", name, check=False)
+    FIGURES["ha_post_latency"] = {
+        "posts": LATENCY_POSTS,
+        **{f"{side}_{q}_ms": pct(v, p) for side, v in times.items()
+           for q, p in (("p50", 0.5), ("p99", 0.99))},
+        "median_extra_ms": round(statistics.median(times["durable"])
+                                 - statistics.median(times["plain"]), 2)}
