@@ -217,9 +217,10 @@ class Load:
                 firsts.append(after[0])
         return round(max(firsts) - t0, 2) if firsts else 0.0
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self, t0: float) -> dict[str, Any]:
         """Stop the POSTs, read every stream to its end, wait for every accepted job and the
-        batch, check the history. The figures: the checker's, the POSTs' statuses."""
+        batch, check the history. The figures: the checker's, the POSTs' statuses, when the
+        last accepted job ended (from t0, the fault)."""
         assert self.posts is not None
         self.posts.finish()
         for t in self.threads:
@@ -231,6 +232,7 @@ class Load:
             return all(main.get(f"/v1/jobs/{j}").json().get("state") in (
                 "succeeded", "failed", "cancelled", "expired") for j in accepted)
         wait_for("every accepted job ended", all_ended, 240, every=1)
+        ended = time.monotonic()
         summary = check_history(main, self.readers, accepted)
         final = wait_for("the batch ended", lambda: (b := main.get(
             f"/v1/batches/{self.batch}").json())["status"] in (
@@ -239,12 +241,21 @@ class Load:
         out = main.get(f"/v1/files/{final['output_file_id']}/content").text.splitlines()
         ids = sorted(json.loads(x)["custom_id"] for x in out)
         assert ids == sorted(f"line-{i}" for i in range(BATCH_LINES)), ids  # each once
-        for cl in self.clients:
-            cl.close()
         statuses = Counter(s for _, s, _ in self.posts.results)
         assert set(statuses) <= {202, 503, 0}, statuses  # never a 500, nor a 4xx
         succeeded = sum(1 for j in accepted
                         if main.get(f"/v1/jobs/{j}").json()["state"] == "succeeded")
+        for cl in self.clients:
+            cl.close()
         return {**summary, "succeeded": succeeded, "batch_lines": len(ids),
                 "posts_202": statuses[202], "posts_503": statuses[503],
-                "posts_failed": statuses[0]}
+                "posts_failed": statuses[0], "all_ended_s": round(ended - t0, 2),
+                "max_token_gap_s": self.max_token_gap()}
+
+    def max_token_gap(self) -> float:
+        """The longest wait between two tokens of one stream (a stall a client sees)."""
+        gaps: list[float] = []
+        for rd in self.readers:
+            ts = [t for t, e in zip(rd.times, rd.seen, strict=True) if e.event == "token"]
+            gaps += [b - a for a, b in zip(ts, ts[1:], strict=False)]
+        return round(max(gaps, default=0.0), 2)

@@ -60,6 +60,7 @@ def pct(values: list[float], q: float) -> float:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
 
 
+@pytest.mark.timeout(600)  # a loaded 2-core machine: up to ~2x the usual
 def test_primary_killed_under_load(ha_cluster: Cluster) -> None:
     """SIGKILL the master's container: Sentinel promotes a replica, which still has the
     other, so writes and durable 202s go on there; a supervisor then starts the dead node
@@ -80,13 +81,14 @@ def test_primary_killed_under_load(ha_cluster: Cluster) -> None:
     sh("docker", "start", cid)
     wait_for("the old master back as a replica", lambda: replicated(c), 120, every=0.5)
     rejoined = time.monotonic() - t0
-    figures = load.finish()
+    figures = load.finish(t0)
     FIGURES["ha_primary_kill"] = {
         **figures, "promoted_s": round(promoted, 2), "post_back_s": round(back - t0, 2),
         "streams_resumed_s": load.resumed_s(t0), "old_master_replica_s": round(rejoined, 2)}
     settle(c)
 
 
+@pytest.mark.timeout(600)  # a loaded 2-core machine: up to ~2x the usual
 def test_replica_killed_under_load(ha_cluster: Cluster) -> None:
     """SIGKILL one replica: the master keeps the other, so it goes on accepting writes
     (min-replicas-to-write 1) and durable 202s; the replica is started again and resyncs."""
@@ -104,7 +106,7 @@ def test_replica_killed_under_load(ha_cluster: Cluster) -> None:
     sh("docker", "start", cid)
     wait_for("the replica back", lambda: replicated(c), 120, every=0.5)
     rejoined = time.monotonic() - t0
-    figures = load.finish()
+    figures = load.finish(t0)
     assert load.posts is not None
     during = [s for t, s, _ in load.posts.results if t0 < t < t0 + 8]
     FIGURES["ha_replica_kill"] = {
@@ -113,6 +115,7 @@ def test_replica_killed_under_load(ha_cluster: Cluster) -> None:
     settle(c)
 
 
+@pytest.mark.timeout(600)  # a loaded 2-core machine: up to ~2x the usual
 def test_one_sentinel_killed_under_load(ha_cluster: Cluster) -> None:
     """Two sentinels of three still make a quorum: nothing changes for the clients."""
     c = ha_cluster
@@ -132,7 +135,7 @@ def test_one_sentinel_killed_under_load(ha_cluster: Cluster) -> None:
     assert quorum.startswith("OK"), quorum
     assert master(c) == m
     sh("docker", "start", cid)
-    figures = load.finish()
+    figures = load.finish(t0)
     posts_during = [s for t, s, _ in load.posts.results if t0 < t < t0 + 8]  # type: ignore[union-attr]
     FIGURES["ha_sentinel_kill"] = {**figures, "posts_202_during": posts_during.count(202),
                                    "posts_during": len(posts_during),
@@ -140,6 +143,7 @@ def test_one_sentinel_killed_under_load(ha_cluster: Cluster) -> None:
     settle(c)
 
 
+@pytest.mark.timeout(600)  # a loaded 2-core machine: up to ~2x the usual
 def test_partitioned_primary_refuses_writes_and_loses_nothing(ha_cluster: Cluster) -> None:
     """Cut the master off the network (from the sentinels, the replicas and every client):
     it refuses writes once no replica has acknowledged for min-replicas-max-lag, a replica
@@ -170,7 +174,7 @@ def test_partitioned_primary_refuses_writes_and_loses_nothing(ha_cluster: Cluste
     healed = time.monotonic() - t0
     wait_for("the old master back as a replica", lambda: replicated(c), 120, every=0.5)
     rejoined = time.monotonic() - t0
-    figures = load.finish()
+    figures = load.finish(t0)
     FIGURES["ha_partition"] = {
         **figures, "writes_refused_s": round(refused, 2), "promoted_s": round(promoted, 2),
         "post_back_s": round(back - t0, 2), "healed_s": round(healed, 2),
@@ -178,6 +182,7 @@ def test_partitioned_primary_refuses_writes_and_loses_nothing(ha_cluster: Cluste
     settle(c)
 
 
+@pytest.mark.timeout(600)  # a loaded 2-core machine: up to ~2x the usual
 def test_post_latency_with_and_without_the_durability_wait(ha_cluster: Cluster) -> None:
     """One more API container with DURABLE_REPLICAS=0 beside the durable replicas; POSTs
     take turns between them, one at a time. Last: the jobs it leaves queued would hold up
