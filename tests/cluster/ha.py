@@ -5,6 +5,7 @@ history checker at the end."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -257,5 +258,5 @@ class Load:
         gaps: list[float] = []
         for rd in self.readers:
             ts = [t for t, e in zip(rd.times, rd.seen, strict=True) if e.event == "token"]
-            gaps += [b - a for a, b in zip(ts, ts[1:], strict=False)]
+            gaps += [b - a for a, b in itertools.pairwise(ts)]
         return round(max(gaps, default=0.0), 2)
