@@ -33,9 +33,9 @@ HA_ENV = {
     "REDIS_MIN_REPLICAS_MAX_LAG": "5",
 }
 STREAMS = 3
-STREAM_TOKENS = 200  # still running when the fault lands, and after the failover
-BATCH_LINES = 8
-POST_EVERY_S = 0.5
+STREAM_TOKENS = 120  # still running when the fault lands, and after the failover
+BATCH_LINES = 6
+POST_EVERY_S = 1.0
 MAX_POSTS = 600  # the POST loop's bound besides its deadline
 
 
@@ -192,7 +192,7 @@ class Load:
 
     def _start_batch(self, c: httpx.Client) -> str:
         lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
-                  "body": {"model": MODEL, "max_tokens": 16, "temperature": 0,
+                  "body": {"model": MODEL, "max_tokens": 8, "temperature": 0,
                            "messages": [{"role": "user", "content": f"Name a colour ({i})."}]}}
                  for i in range(BATCH_LINES)]
         data = "\n".join(json.dumps(x) for x in lines).encode()
