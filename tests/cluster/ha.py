@@ -36,7 +36,7 @@ STREAMS = 3
 STREAM_TOKENS = 120  # still running when the fault lands, and after the failover
 BATCH_LINES = 6
 POST_EVERY_S = 1.0
-MAX_POSTS = 600  # the POST loop's bound besides its deadline
+MAX_POSTS = 480  # the POST loop's bound besides its deadline
 
 
 def service_of(c: Cluster, cid: str) -> str:
@@ -114,7 +114,7 @@ class PostLoop:
     MAX_POSTS or `limit_s`: what each got, and when."""
 
     c: Cluster
-    limit_s: float = 240
+    limit_s: float = 480
     results: list[tuple[float, int, str]] = field(default_factory=list)  # (t, status, id)
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
