@@ -1,5 +1,6 @@
-"""Brings compose/compose.yml up on Docker once per session (`make test-cluster` builds the
-images first) and takes it down at the end, whatever happened."""
+"""Brings compose/compose.yml up on Docker for each test module (`make test-cluster` builds
+the images first): the main deployment for test_scenarios.py, profile `ha` for test_ha.py,
+one at a time; each is taken down at the end of its module, whatever happened."""
 
 from __future__ import annotations
 
