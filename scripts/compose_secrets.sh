@@ -29,5 +29,6 @@ for tenant in "$@"; do add "$tenant"; done
 chmod 0644 "$dir/api_keys" "$dir/prometheus_key"
 if [ ! -e "$env_file" ]; then
   umask 077
-  { echo "REDIS_PASSWORD=$(new_key)"; echo "GRAFANA_PASSWORD=$(new_key)"; } > "$env_file"
+  { echo "REDIS_PASSWORD=$(new_key)"; echo "GRAFANA_PASSWORD=$(new_key)"
+    echo "REDIS_SENTINEL_PASSWORD=$(new_key)"; } > "$env_file"  # profile ha
 fi

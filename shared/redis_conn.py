@@ -11,6 +11,13 @@ connects to the promoted replica. No caller ever rebuilds a client.
 The Redis password, user and db still come from ``TOKENQ_REDIS_URL`` (its host and port are
 not used with sentinels); the sentinels' own password is ``TOKENQ_REDIS_SENTINEL_PASSWORD``.
 Celery's broker gets the same deployment as kombu's ``sentinel://`` URL (`celery_broker`).
+
+A primary under ``min-replicas-to-write`` that has too few replicas in reach (cut off from
+them, or just promoted while Sentinel re-points the others) answers writes NOREPLICAS.
+Importing this module makes every client read that as `NoReplicasError` (still a
+ResponseError: pipelines and callers handle it as before) and makes kombu count it as a
+connection error, so Celery's consumer reconnects and goes on instead of stopping the
+worker ("Unrecoverable error", seen in the Sentinel cluster runs).
 """
 
 from __future__ import annotations
@@ -26,6 +33,24 @@ import redis.sentinel
 
 if TYPE_CHECKING:
     from shared.settings import Settings
+
+class NoReplicasError(redis.exceptions.ResponseError):
+    """NOREPLICAS: the primary refused a write for want of replicas (nothing was written:
+    a script stops at its first write). Retryable, like a Redis that is away."""
+
+
+def _noreplicas_is_recoverable() -> None:
+    from kombu.transport import redis as kombu_redis
+    from redis._parsers.base import BaseParser  # every parser: sync, asyncio, hiredis
+
+    BaseParser.EXCEPTION_CLASSES.setdefault("NOREPLICAS", NoReplicasError)
+    for transport in (kombu_redis.Transport, kombu_redis.SentinelTransport):
+        errors = transport.connection_errors
+        if NoReplicasError not in errors:
+            transport.connection_errors = (*errors, NoReplicasError)
+
+
+_noreplicas_is_recoverable()
 
 # A sentinel that does not answer within this is skipped for the next one.
 SENTINEL_TIMEOUT_S = 2.0

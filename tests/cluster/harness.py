@@ -56,10 +56,13 @@ class Cluster:
     env: dict[str, str]
     keys: dict[str, str]  # tenant -> API key
     lb_url: str
+    project: str = PROJECT  # the compose project: its containers, network and volumes
+    profiles: tuple[str, ...] = ()
 
     # -- compose and containers --------------------------------------------------------
     def compose(self, *args: str, timeout: float = 600) -> str:
-        cmd = ["docker-compose", "-p", PROJECT, "-f", str(COMPOSE_FILE), *args]
+        cmd = ["docker-compose", "-p", self.project, "-f", str(COMPOSE_FILE),
+               *(f"--profile={p}" for p in self.profiles), *args]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                              env={**os.environ, **self.env})
         if out.returncode != 0:
@@ -68,7 +71,7 @@ class Cluster:
 
     def containers(self, service: str, running: bool = True) -> list[str]:
         ids = sh("docker", "ps", *(() if running else ("-a",)), "-q", "--no-trunc",
-                 "--filter", f"label=com.docker.compose.project={PROJECT}",
+                 "--filter", f"label=com.docker.compose.project={self.project}",
                  "--filter", f"label=com.docker.compose.service={service}")
         return sorted(ids.split())
 
@@ -82,7 +85,7 @@ class Cluster:
 
     @property
     def network(self) -> str:
-        return f"{PROJECT}_default"
+        return f"{self.project}_default"
 
     def health(self, cid: str) -> str:
         state = self.inspect(cid)["State"]
@@ -124,11 +127,11 @@ class Cluster:
         r = self.redis()
         try:
             now, ttl = time.time(), float(self.env["TOKENQ_WORKER_TTL_S"])
-            out = {}
+            out: dict[str, dict[str, Any]] = {}
             for wid, raw in r.hgetall(rkeys.WORKERS).items():
                 info = json.loads(raw)
                 if now - float(info.get("ts", 0)) < ttl:
-                    out[wid] = info
+                    out[str(wid)] = info
             return out
         finally:
             r.close()
@@ -164,6 +167,7 @@ class Reader:
 
     job_id: str
     seen: list[Event] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # when each of `seen` arrived (monotonic)
     connections: int = 0
     marks: dict[str, float] = field(default_factory=dict)  # name -> monotonic time
 
@@ -186,6 +190,7 @@ class Reader:
         self.connections += 1
         for ev in events(client, self.job_id, self.last_id, timeout):
             self.seen.append(ev)
+            self.times.append(time.monotonic())
             if ev.event == "token" and "first_token" not in self.marks:
                 self.marks["first_token"] = time.monotonic()
             if ev.event == "started" and ev.data["attempt"] > 1:

@@ -42,8 +42,8 @@ def settle(cluster: Cluster) -> None:
     cluster.wait_healthy(["api", "cpu-worker"], {"api": 2, "cpu-worker": 2}, timeout=180)
 
 
-def worker_fault(cluster: Cluster, name: str, fault: Callable[[str], None],
-                 heal: Callable[[str], None] | None, hold_s: float) -> None:
+def worker_fault(cluster: Cluster, name: str, fault: Callable[[str], object],
+                 heal: Callable[[str], object] | None, hold_s: float) -> None:
     """Stream a long job; after 15 tokens apply `fault` to the worker serving it, and
     `heal` it `hold_s` later (longer than the lease) while the client keeps reading."""
     with cluster.client() as c:
@@ -183,7 +183,7 @@ def test_redis_restart_mid_batch_loses_nothing(cluster: Cluster) -> None:
     assert final.output_file_id
     out = [json.loads(x) for x in oc.files.content(final.output_file_id).text.splitlines()]
     ids = sorted(x["custom_id"] for x in out)
-    assert ids == sorted(x["custom_id"] for x in lines)  # each line once, none lost
+    assert ids == sorted(str(x["custom_id"]) for x in lines)  # each line once, none lost
     assert all(x["response"]["status_code"] == 200 for x in out)
     FIGURES["redis_restart_batch"] = {"lines": n, "lost": 0, "duplicated": 0,
                                       "redis_back_s": round(back, 1)}

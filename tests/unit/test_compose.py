@@ -31,7 +31,8 @@ def load(rel: str) -> Any:
 @pytest.fixture(scope="module")
 def services() -> dict[str, Any]:
     doc: dict[str, Any] = load("compose.yml")
-    return doc["services"]
+    found: dict[str, Any] = doc["services"]
+    return found
 
 
 def seconds(duration: str) -> float:
@@ -133,7 +134,8 @@ def test_alert_rules_parse_and_read_real_metrics() -> None:
     assert "histogram_quantile(0.99" in rules["TokenqHighP99Latency"]["expr"]
     assert "tokenq_queue_depth" in read["TokenqQueueBacklog"]
     no_worker = pq.parse(rules["TokenqNoWorker"]["expr"])
-    assert str(no_worker.op).lower().endswith("unless")  # waiting, unless a worker is live
+    op = no_worker.op  # type: ignore[attr-defined]
+    assert str(op).lower().endswith("unless")  # waiting, unless a worker is live
     assert read["TokenqNoWorker"] == {"tokenq_num_requests_waiting", "tokenq_workers"}
     for r in rules.values():
         assert re.fullmatch(r"\d+[smh]", r["for"]) and r["labels"]["severity"]
@@ -158,3 +160,40 @@ def test_grafana_dashboard_is_provisioned_and_queries_real_metrics(
             "tokenq_workers", "tokenq_kv_cache_usage_ratio"} <= read
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
     assert "histogram_quantile(0.5," in exprs and "histogram_quantile(0.95," in exprs
+
+
+def test_profile_ha_is_a_sentinel_deployment_the_app_can_find(services: dict[str, Any]) -> None:
+    """Profile ha: the primary, two replicas of it, three sentinels (quorum 2) monitoring it
+    under the name the app asks for; the app's sentinel settings come from the environment
+    and are empty (plain Redis) by default."""
+    ha = {n for n, s in services.items() if "ha" in s.get("profiles", [])}
+    assert ha == {"redis-replica-1", "redis-replica-2", "sentinel-1", "sentinel-2",
+                  "sentinel-3"}
+    assert "profiles" not in services["redis"]  # the primary of both shapes
+    for node in ("redis-replica-1", "redis-replica-2"):
+        cmd = services[node]["command"]
+        assert cmd[cmd.index("--replicaof") + 1:][:2] == ["redis", "6379"]
+    for node in ("redis", "redis-replica-1", "redis-replica-2"):
+        cmd = services[node]["command"]
+        for flag in ("--requirepass", "--masterauth", "--appendonly", "--min-replicas-to-write",
+                     "--min-replicas-max-lag", "--replica-announce-ip"):
+            assert flag in cmd, (node, flag)
+        assert cmd[cmd.index("--replica-announce-ip") + 1] == node  # its DNS name
+    script = services["sentinel-1"]["command"][0]
+    assert "sentinel monitor $$MASTER redis 6379 2" in script  # quorum 2 of 3
+    assert "sentinel resolve-hostnames yes" in script and "requirepass" in script
+    for name in ("sentinel-2", "sentinel-3"):
+        assert services[name]["command"] == services["sentinel-1"]["command"]
+    vols = {services[n]["volumes"][0].split(":")[0] for n in ha | {"redis"}}
+    assert len(vols) == 6  # each node and sentinel keeps its own data (a rewritten config)
+    env = services["api"]["environment"]
+    assert env["TOKENQ_REDIS_SENTINELS"] == "${TOKENQ_REDIS_SENTINELS:-}"
+    assert env["TOKENQ_API__DURABLE_REPLICAS"] == "${TOKENQ_API__DURABLE_REPLICAS:-0}"
+    assert env["TOKENQ_REDIS_MASTER_NAME"] == services["sentinel-1"]["environment"]["MASTER"]
+    # The documented operator setting names exactly these sentinels.
+    header = (COMPOSE / "compose.yml").read_text()
+    m = re.search(r"TOKENQ_REDIS_SENTINELS=(\S+)", header)
+    assert m is not None
+    s = Settings(redis_url="redis://:pw@redis:6379/0", redis_sentinels=m[1].split(","))
+    assert {a.split(":")[0] for a in s.redis_sentinels} == {"sentinel-1", "sentinel-2",
+                                                            "sentinel-3"}
