@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from redis.exceptions import RedisError
 
@@ -84,3 +85,28 @@ async def check_replay(state: AppState, job_id: str) -> None:
         raise NotReplicated(f"{acked} of {need} Redis replicas acknowledged within "
                             f"{timeout_ms} ms, so a Redis failover could lose job {job_id}; "
                             "retry with the same Idempotency-Key, or GET /v1/jobs/" + job_id)
+
+
+async def confirm(state: AppState, what: str,
+                  undo: Callable[[], Awaitable[object]] | None = None) -> None:
+    """A file or a batch is answered only once it is on enough replicas, like a job (the
+    same settings): a WAIT after a barrier write covers every write made before it.
+    Short: `undo` (the upload deleted, the batch cancelled, so a retry does not leave a
+    twin behind), then a retryable 503 `not_replicated`."""
+    need = state.settings.api.durable_replicas
+    if not need:
+        return
+    timeout_ms = state.settings.api.durable_timeout_ms
+    acked = await state.jobs.wait_replicated(need, timeout_ms)
+    if acked >= need:
+        return
+    undone = False
+    if undo is not None:
+        with contextlib.suppress(RedisError):
+            await undo()
+            undone = True
+    log.warning("%s: not replicated (%d/%d)%s", what, acked, need,
+                "; withdrawn" if undone else "")
+    raise NotReplicated(f"{acked} of {need} Redis replicas acknowledged {what} within "
+                        f"{timeout_ms} ms, so a Redis failover could lose it: "
+                        f"{'it was withdrawn' if undone else 'it is not confirmed'}; retry")

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from fastapi import UploadFile
 
+from api import durable
 from api.deps import AppState
 from api.errors import InvalidRequest, NotFound, PayloadTooLarge, QuotaExceeded
 from shared import keys
@@ -90,6 +91,7 @@ async def create(state: AppState, tenant: str, upload: UploadFile, purpose: str)
     pipe.zadd(keys.tenant_files(tenant), {file_id: now})
     pipe.zadd(keys.tenant_upload_bytes(tenant), {file_id: size})
     await pipe.execute()
+    await durable.confirm(state, f"file {file_id}", lambda: delete(state, tenant, file_id))
     return file_object(h)
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Response
 from pydantic import BaseModel, ConfigDict
 
-from api import idempotency
+from api import durable, idempotency
 from api.deps import StateDep, TenantDep
 from api.openai import batches
 from shared.schemas import Metadata
@@ -31,6 +31,10 @@ async def create_batch(body: BatchCreate, state: StateDep, tenant: TenantDep, re
     idem = idempotency.of(tenant, "batch", idempotency_key, body.model_dump(exclude_none=True))
     batch, replayed = await batches.create(state, tenant, body.input_file_id, body.endpoint,
                                            body.completion_window, body.metadata, idem)
+    # Without a key a batch that did not reach the replicas is cancelled (a retry makes a
+    # new one); with a key it is kept, and a retry with the key answers it once replicated.
+    undo = None if idem is not None else (lambda: batches.cancel(state, tenant, batch["id"]))
+    await durable.confirm(state, f"batch {batch['id']}", undo)
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
     return batch

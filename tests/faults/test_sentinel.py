@@ -174,6 +174,48 @@ def test_durable_acceptance_waits_for_the_replica(dep: SentinelDeployment,
           f"{took * 1000:.0f} ms (WAIT timeout {timeout_ms} ms)")
 
 
+def test_files_and_batches_wait_for_the_replica(dep: SentinelDeployment,
+                                                tmp_path: Path) -> None:
+    """An upload and a batch are answered, like a job, only once the replica has them; with
+    the replica down each gets a 503 `not_replicated` and is withdrawn (no twin left
+    behind by the client's retry)."""
+    settings = dep.settings(state_dir=tmp_path, models_file=models_file(tmp_path),
+                            served_models=[FAKE],
+                            api=ApiSettings(durable_replicas=1, durable_timeout_ms=300))
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
+                       "body": {"model": FAKE, "prompt": "go", "max_tokens": 2}}) + "\n"
+
+    def upload(client: TestClient) -> Any:
+        return client.post("/v1/files", data={"purpose": "batch"},
+                           files={"file": ("in.jsonl", line.encode())})
+
+    def batch(client: TestClient, file_id: str) -> Any:
+        return client.post("/v1/batches", json={"input_file_id": file_id,
+                                                "endpoint": "/v1/completions",
+                                                "completion_window": "24h"})
+
+    replica = dep.client_of(dep.replica)
+    with TestClient(create_app(settings)) as client:
+        f = upload(client)
+        assert f.status_code == 200, f.text
+        file_id = f.json()["id"]
+        assert replica.hget(keys.file(file_id), "id") == file_id
+        b = batch(client, file_id)
+        assert b.status_code == 200, b.text
+        assert replica.hget(keys.batch(b.json()["id"]), "id") == b.json()["id"]
+        dep.replica.kill()
+        for resp in (upload(client), batch(client, file_id)):
+            assert resp.status_code == 503, resp.text
+            err = resp.json()["error"]
+            assert err["code"] == "not_replicated" and "withdrawn" in err["message"], err
+        assert [x["id"] for x in client.get("/v1/files").json()["data"]] == [file_id]
+        statuses = {x["id"]: x["status"] for x in client.get("/v1/batches").json()["data"]}
+        assert len(statuses) == 2, statuses
+        assert next(s for i, s in statuses.items() if i != b.json()["id"]) in (
+            "cancelling", "cancelled"), statuses
+    replica.close()
+
+
 def test_wait_cost_per_post(dep: SentinelDeployment, tmp_path: Path) -> None:
     """A figure, not a check: POST /v1/jobs latency with and without WAIT (in-process API,
     loopback replica). The two APIs take turns, POST by POST, so that the load of a shared
