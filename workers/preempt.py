@@ -37,13 +37,12 @@ from shared.celery_app import task_message
 from shared.metrics import WorkerMetrics
 from shared.settings import Settings
 from shared.store import JobStore
+from workers.drain import LET_GO_S  # how long a handed-back job's engine gets to let go
 from workers.engines.base import Engine
 from workers.publisher import JobHandle, Publisher
 
 log = logging.getLogger(__name__)
 
-# How long a preempted job's engine gets to let go (its last token steps written).
-LET_GO_S = 5.0
 # Lanes, highest first (shared/keys.PRIORITIES); a job may preempt those after its own.
 RANK = {p: i for i, p in enumerate(keys.PRIORITIES)}
 

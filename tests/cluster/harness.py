@@ -51,6 +51,16 @@ def wait_for(what: str, cond: Callable[[], Any], timeout: float, every: float = 
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
+
+def report_figures(tag: str, figures: dict[str, Any]) -> None:
+    """Print a module's figures; with TOKENQ_CLUSTER_FIGURES=FILE also append them there,
+    one JSON line per run (scripts/cluster_runs.sh gathers several runs that way)."""
+    line = json.dumps(figures, sort_keys=True)
+    print(f"\n[{tag}] " + line)
+    if out := os.environ.get("TOKENQ_CLUSTER_FIGURES"):
+        with open(out, "a") as f:
+            f.write(line + "\n")
+
 @dataclass
 class Cluster:
     env: dict[str, str]

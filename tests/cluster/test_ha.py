@@ -7,8 +7,6 @@ answered once, and no POST got anything but 202 or a retryable 503."""
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -29,7 +27,7 @@ from tests.cluster.ha import (
     sentinel,
     service_of,
 )
-from tests.cluster.harness import MODEL, Cluster, sh, wait_for
+from tests.cluster.harness import MODEL, Cluster, report_figures, sh, wait_for
 
 FIGURES: dict[str, Any] = {}
 LATENCY_POSTS = 100  # per side
@@ -37,13 +35,8 @@ LATENCY_POSTS = 100  # per side
 
 @pytest.fixture(scope="module", autouse=True)
 def report() -> Iterator[None]:
-    """As test_scenarios.py: print the figures, append them to TOKENQ_CLUSTER_FIGURES."""
     yield
-    line = json.dumps(FIGURES, sort_keys=True)
-    print("\n[cluster-ha] " + line)
-    if out := os.environ.get("TOKENQ_CLUSTER_FIGURES"):
-        with open(out, "a") as f:
-            f.write(line + "\n")
+    report_figures("cluster-ha", FIGURES)
 
 
 def settle(c: Cluster) -> None:

@@ -6,7 +6,6 @@ worker writes after it comes back reaches neither a client nor a record."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +15,16 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.cluster.harness import MODEL, Cluster, Reader, check_history, sh, submit, wait_for
+from tests.cluster.harness import (
+    MODEL,
+    Cluster,
+    Reader,
+    check_history,
+    report_figures,
+    sh,
+    submit,
+    wait_for,
+)
 
 # Long enough that a fault lands mid-stream and the new attempt still has work to do.
 LONG = 200
@@ -26,14 +34,8 @@ FIGURES: dict[str, Any] = {}
 
 @pytest.fixture(scope="module", autouse=True)
 def report() -> Iterator[None]:
-    """Print the figures; with TOKENQ_CLUSTER_FIGURES=FILE also append them there, one JSON
-    line per run (scripts/cluster_runs.sh gathers several runs that way)."""
     yield
-    line = json.dumps(FIGURES, sort_keys=True)
-    print("\n[cluster] " + line)
-    if out := os.environ.get("TOKENQ_CLUSTER_FIGURES"):
-        with open(out, "a") as f:
-            f.write(line + "\n")
+    report_figures("cluster", FIGURES)
 
 
 def settle(cluster: Cluster) -> None:
