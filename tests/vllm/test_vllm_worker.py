@@ -223,7 +223,12 @@ def test_engine_death_hands_jobs_to_another_attempt(vclient: httpx.Client, vredi
     else:
         raise AssertionError(f"/ready still counts the dead worker: {ready.text}")
     assert worker.wait(60) != 0
-    assert all(n < n_tokens for n in written()), written()  # killed mid-stream
+    # Neither job ended with the engine: both go to another attempt. (The worker may still
+    # publish what the engine sent before it died; on a quiet machine the engine can run far
+    # ahead of the worker's output handling, even to a job's last token, and the next
+    # attempt then only ends it.)
+    states = [vredis.hget(keys.job(j), "state") for j in ids]
+    assert all(s in ("queued", "running") for s in states), states
 
     vllm_stack.worker_procs.remove((TINY, worker))
     vllm_stack.add_worker(TINY)  # what `tokenq up` does when a worker exits
