@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import llama_cpp as ll
 import pytest
 
 from shared.models import gguf_path
@@ -277,3 +278,30 @@ def test_cache_prompt_false_prefills_afresh(tmp_path: Path) -> None:
         assert eng.prefix_reused_tokens > before
     finally:
         eng.close()
+
+
+def test_every_step_lists_its_sequences_in_id_order(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a KV stream per slot, llama.cpp makes one pass of a step only over sequence ids
+    that run consecutively upwards, and splits it everywhere else. Rows in the order jobs
+    arrived made every 8-stream step two to four passes, twice as slow (docs/benchmarks.md)."""
+    real = ll.llama_decode
+    steps: list[list[int]] = []
+
+    def spy(ctx: object, batch: ll.llama_batch) -> int:
+        steps.append([batch.seq_id[i][0] for i in range(batch.n_tokens)])
+        return int(real(ctx, batch))
+
+    monkeypatch.setattr(ll, "llama_decode", spy)
+    eng, col = start_engine(tmp_path, prefix_cache=True)
+    try:
+        # 12 jobs of 4 lengths on 4 slots: slots free, and are taken again, out of order
+        ids = [f"order-{i}" for i in range(12)]
+        for i, job_id in enumerate(ids):
+            eng.submit(request(job_id, PROMPTS[i % 8], max_tokens=3 + 9 * ((i * 5) % 4)))
+        col.wait(ids)
+    finally:
+        eng.close()
+    shared = [s for s in steps if len(set(s)) > 1]
+    assert len(shared) > 20, steps
+    assert all(s == sorted(s) for s in shared), [s for s in shared if s != sorted(s)][:3]

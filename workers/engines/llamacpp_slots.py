@@ -1,10 +1,12 @@
 """The llama.cpp engine's slots: one sequence id per running job, and the prompt cache.
 
 Part of the llama.cpp engine (llamacpp.py). A finished job's slot keeps its KV cells; a
-new job takes the free slot whose cached KV shares the longest prefix with its input
-(llama-server's prompt cache: a post-call template or a long system prompt is prefilled
-once per slot, not once per job). Only cells computed with the same adapter version
-count: another adapter's KV is different KV.
+new job takes the lowest free slot, and keeps the prefix of its input that slot's cells
+already hold (llama-server's prompt cache: a post-call template or a long system prompt
+is prefilled once per slot, not once per job). It takes another free slot only for a
+much longer prefix there: running jobs packed on the low ids keep each engine step one
+llama.cpp pass (SlotPool.take). Only cells computed with the same adapter version count:
+another adapter's KV is different KV.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from typing import Any
 import llama_cpp as ll
 
 from workers.engines.llamacpp_lora import BASE
+
+# A cached prefix must save this many more prompt tokens than the lowest free slot's to
+# take a slot off the low ids (SlotPool.take).
+SPREAD_MIN_TOKENS = 64
 
 
 class SlotPool:
@@ -31,19 +37,19 @@ class SlotPool:
         """The slot for a job whose input is `tokens` (KV of adapter version `group`), and
         how many of its cached cells are kept: the longest shared prefix, less at least
         one token so that the job decodes one for fresh logits. `fresh` (the request's
-        cache_prompt false): no cached cell is kept."""
-        best, best_len = self.free[0], 0
+        cache_prompt false): no cached cell is kept.
+
+        The lowest free slot, unless another one's cached prefix saves SPREAD_MIN_TOKENS
+        more of the prompt: llama.cpp packs a step into one pass only over slots whose ids
+        run consecutively, so running jobs kept on the low ids make fewer, bigger passes
+        (a gap costs the whole batch an extra pass every step, while a few prompt tokens
+        are one step's work once)."""
+        best = min(self.free)
+        best_len = self._shared(best, tokens, group) if self.prefix_cache and not fresh else 0
         if self.prefix_cache and not fresh:
-            for sid in self.free:
-                cached_group, cached = self._cached.get(sid, (BASE, []))
-                if cached_group != group:
-                    continue
-                n = 0
-                for a, b in zip(cached, tokens, strict=False):
-                    if a != b:
-                        break
-                    n += 1
-                if n > best_len:
+            for sid in sorted(self.free):
+                n = self._shared(sid, tokens, group)
+                if n >= best_len + SPREAD_MIN_TOKENS:
                     best, best_len = sid, n
         self.free.remove(best)
         keep = min(best_len, len(tokens) - 1)
@@ -52,6 +58,18 @@ class SlotPool:
             keep = 0
         self._cached.pop(best, None)
         return best, keep
+
+    def _shared(self, sid: int, tokens: list[int], group: int) -> int:
+        """How many leading tokens of `tokens` the free slot `sid` holds the KV of."""
+        cached_group, cached = self._cached.get(sid, (BASE, []))
+        if cached_group != group:
+            return 0
+        n = 0
+        for a, b in zip(cached, tokens, strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
 
     def give_back(self, seq_id: int, group: int, cached: list[int] | None) -> None:
         """Free a slot. `cached`: the tokens at positions [0, len) its cells hold, kept for
