@@ -98,7 +98,8 @@ class LlamaCppEngine:
         threads = self.cfg.n_threads or os.cpu_count() or 1
         params.n_threads = threads
         params.n_threads_batch = threads
-        params.flash_attn_type = 1 if self.cfg.flash_attn else 0
+        params.flash_attn_type = (ll.LLAMA_FLASH_ATTN_TYPE_AUTO if self.cfg.flash_attn is None
+                                  else int(self.cfg.flash_attn))
         ctx = ll.llama_init_from_model(self.vocab.model, params)
         if not ctx:
             raise RuntimeError("llama.cpp could not create a context")
