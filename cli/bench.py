@@ -82,12 +82,13 @@ class Level:
         )
 
 
-def prompt_text(i: int, words: int, concurrency: int = 0) -> str:
+def prompt_text(i: int, words: int, concurrency: int = 0, salt: str = "") -> str:
     """The i-th benchmark prompt of a level: ~`words` words of call-center text, unique per
     request and per level (a level must not find the previous level's prompts in a
-    server's prompt cache: llama-server and tokenq both keep one per slot)."""
+    server's prompt cache: llama-server and tokenq both keep one per slot, and
+    llama-server another in RAM); `salt` tells repeated rounds apart."""
     body = " ".join((FILLER * (words // 20 + 1)).split()[:words])
-    return f"[{concurrency}.{i}] {body}\nSummary:"
+    return f"[{salt}{concurrency}.{i}] {body}\nSummary:"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -163,13 +164,14 @@ def request_body(model: str, prompt: str, max_tokens: int, seed: int,
 
 def run_level(url: str, model: str, concurrency: int, requests: int, prompt_words: int,
               max_tokens: int, progress: Progress | None = None, api: str = "native",
-              stop: list[str] | None = None, api_key: str | None = None) -> Level:
+              stop: list[str] | None = None, api_key: str | None = None,
+              salt: str = "") -> Level:
     lock = threading.Lock()
     task = progress.add_task(f"c={concurrency}", total=requests) if progress else None
 
     def go(i: int) -> Sample:
-        body = request_body(model, prompt_text(i, prompt_words, concurrency), max_tokens, i,
-                            stop)
+        body = request_body(model, prompt_text(i, prompt_words, concurrency, salt), max_tokens,
+                            i, stop)
         s = one_job(client, body) if api == "native" else one_openai(client, body)
         if progress is not None and task is not None:
             with lock:

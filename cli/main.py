@@ -188,6 +188,9 @@ def bench(
     vllm: Annotated[bool, typer.Option(
         "--vllm", help="with --compare: tokenq with one vLLM worker vs vLLM's OpenAI server "
         "on the same converted model")] = False,
+    rounds: Annotated[int, typer.Option(
+        help="with --compare: N rounds against C++ llama-server, both up, levels "
+        "interleaved; medians and ranges")] = 1,
     long_prompt: Annotated[bool, typer.Option(
         "--long-prompt", help="p95 ITL of 7 streams before vs during a ~2,000-token prefill")]
     = False,
@@ -261,11 +264,14 @@ def bench(
         from rich.console import Console
 
         from cli.compare import compare as run_compare
+        from cli.compare_rounds import compare_rounds
         from cli.compare_vllm import compare_vllm
 
-        run = compare_vllm if vllm else run_compare
-        out = run(settings, model, levels, requests, prompt_words, max_tokens, budget,
-                  Console())
+        out = (compare_rounds(settings, model, levels, rounds, requests, prompt_words,
+                              max_tokens, Console()) if rounds > 1 and not vllm else
+               (compare_vllm if vllm else run_compare)(
+                   settings, model, levels, requests, prompt_words, max_tokens, budget,
+                   Console()))
         if json_out:
             typer.echo(json.dumps(out, indent=2))
         return

@@ -1,0 +1,91 @@
+"""`tokenq bench --compare --rounds N`: tokenq against C++ llama-server, N rounds, medians.
+
+This machine class moves ±10% between runs, so one run cannot tell a 5% difference. Both
+servers stay up for the whole run (same GGUF, threads and slots as `--compare`), and each
+round measures every level on both, in alternating order (round 0 tokenq first, round 1
+llama-server first, ...), so drift hits both alike. Prompts carry the round in their first
+characters: no round finds an earlier round's prompts in either server's prompt cache
+(llama-server keeps one in RAM besides its slots'). Printed: every measurement, then per
+level the median tok/s ratio and TTFT p50 difference with their range.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from cli.bench import Level, run_level
+from cli.compare import _process, llama_server_binary
+from cli.stack import Stack
+from shared.models import gguf_path
+from shared.redis_server import free_port
+from shared.settings import Settings
+
+TOKENQ, PEER = "tokenq", "llama-server (C++)"
+
+
+def compare_rounds(settings: Settings, model: str, levels: list[int], rounds: int,
+                   requests: int | None, prompt_words: int, max_tokens: int,
+                   console: Console) -> dict[str, Any]:
+    cfg = settings.models()[model]
+    binary = llama_server_binary(console)
+    if binary is None:
+        raise SystemExit("--rounds compares against C++ llama-server, which could not be built")
+    threads = str(cfg.n_threads or os.cpu_count() or 1)
+    logs = settings.state_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    peer_url = f"http://127.0.0.1:{port}"
+    runs: dict[str, dict[int, list[Level]]] = {TOKENQ: {}, PEER: {}}
+    stack = Stack(settings, port=free_port(), models=[model], quiet=True).start()
+    try:
+        stack.wait_ready()
+        with _process([binary, "-m", str(gguf_path(cfg, settings.state_dir)), "--port",
+                       str(port), "-np", str(cfg.n_parallel), "-cb", "-t", threads, "-c",
+                       str(cfg.n_ctx), "-a", model], peer_url + "/health",
+                      logs / "llama_server.log"):
+            for r in range(rounds):
+                for c in levels:
+                    order = [(TOKENQ, stack.url, "native"), (PEER, peer_url, "openai")]
+                    for name, url, api in order[::-1] if r % 2 else order:
+                        lv = run_level(url, model, c, requests or 4 * c, prompt_words,
+                                       max_tokens, api=api, stop=cfg.stop, salt=f"r{r}.")
+                        runs[name].setdefault(c, []).append(lv)
+                        console.print(f"round {r + 1}/{rounds} c={c} {name}: "
+                                      f"{lv.output_tok_s:.1f} tok/s, TTFT p50 "
+                                      f"{lv.ttft_p50_ms:.0f} ms, ITL p50 {lv.itl_p50_ms:.1f} ms, "
+                                      f"{lv.errors} errors")
+    finally:
+        stack.stop()
+    return summarize(runs, levels, console)
+
+
+def summarize(runs: dict[str, dict[int, list[Level]]], levels: list[int],
+              console: Console) -> dict[str, Any]:
+    table = Table(title="tokenq / C++ llama-server, medians over rounds [min-max]")
+    for col in ("c", "tokenq tok/s", "llama-server tok/s", "ratio", "TTFT p50 diff"):
+        table.add_column(col, justify="right")
+    out: dict[str, Any] = {"rounds": {n: {c: [lv.__dict__ for lv in lvs]
+                                          for c, lvs in by_c.items()}
+                                      for n, by_c in runs.items()}, "levels": []}
+    for c in levels:
+        ours, theirs = runs[TOKENQ][c], runs[PEER][c]
+        ratios = [a.output_tok_s / b.output_tok_s for a, b in zip(ours, theirs, strict=True)]
+        diffs = [a.ttft_p50_ms - b.ttft_p50_ms for a, b in zip(ours, theirs, strict=True)]
+        row = {"concurrency": c,
+               "tokenq_tok_s": statistics.median(a.output_tok_s for a in ours),
+               "peer_tok_s": statistics.median(b.output_tok_s for b in theirs),
+               "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
+               "ratio_max": max(ratios), "ttft_p50_diff_median_ms": statistics.median(diffs),
+               "ttft_p50_diff_min_ms": min(diffs), "ttft_p50_diff_max_ms": max(diffs)}
+        out["levels"].append(row)
+        table.add_row(str(c), f"{row['tokenq_tok_s']:.1f}", f"{row['peer_tok_s']:.1f}",
+                      f"{row['ratio_median']:.3f}x [{min(ratios):.3f}-{max(ratios):.3f}]",
+                      f"{row['ttft_p50_diff_median_ms']:+.0f} ms "
+                      f"[{min(diffs):+.0f}, {max(diffs):+.0f}]")
+    console.print(table)
+    return out
