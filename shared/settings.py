@@ -80,6 +80,11 @@ class ModelConfig(BaseModel):
     # at most about that ratio (workers/engines/budget.py).
     prefill_itl_ratio: float = Field(default=1.6, ge=1.0)
     prefill_min_chunk: int = Field(default=4, ge=1)
+    # ... except a prompt (or what is left of one) of at most this many tokens, which goes
+    # into the next step whole, as on llama-server: a chat turn's prompt chunked over a
+    # dozen steps costs every stream a pass per step (SmolLM2 at c=8: 0.85x llama-server's
+    # tokens chunked, 0.97-0.99x whole); long prompts stay chunked.
+    prefill_whole_tokens: int = Field(default=128, ge=0)
     # A free slot keeps its KV cells; a new job takes the slot sharing the longest prefix.
     prefix_cache: bool = True
     # After a step that carries some job's first token, wait up to this long for the

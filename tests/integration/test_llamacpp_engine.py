@@ -305,3 +305,41 @@ def test_every_step_lists_its_sequences_in_id_order(tmp_path: Path,
     shared = [s for s in steps if len(set(s)) > 1]
     assert len(shared) > 20, steps
     assert all(s == sorted(s) for s in shared), [s for s in shared if s != sorted(s)][:3]
+
+
+def test_short_prompts_go_whole_and_long_ones_in_chunks(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beside decoding streams, a prompt of at most prefill_whole_tokens is prefilled in one
+    step (as llama-server does), and a longer one in chunks (the streams keep moving)."""
+    real = ll.llama_decode
+    steps: list[list[int]] = []
+
+    def spy(ctx: object, batch: ll.llama_batch) -> int:
+        steps.append([batch.seq_id[i][0] for i in range(batch.n_tokens)])
+        return int(real(ctx, batch))
+
+    monkeypatch.setattr(ll, "llama_decode", spy)
+    eng, col = start_engine(tmp_path, n_parallel=3, prefill_whole_tokens=128)
+    try:
+        for job_id in ("stream-1", "stream-2"):  # slots 0 and 1 decode throughout
+            eng.submit(request(job_id, PROMPTS[0], max_tokens=2000))
+        with col.cond:
+            assert col.cond.wait_for(lambda: len(col.ids.get("stream-2", [])) > 2, 60)
+
+        def prefill_steps(job_id: str, prompt: str) -> list[int]:
+            """Rows of slot 2 (the lowest free one) in each step that prefilled the job."""
+            start = len(steps)
+            eng.submit(request(job_id, prompt, max_tokens=2))
+            col.wait([job_id])
+            return [n for s in steps[start:] if (n := s.count(2)) > 1]
+
+        short = prefill_steps("short", PROMPTS[3])
+        long = prefill_steps("long", " ".join(PROMPTS) * 4)
+        assert len(short) == 1, short  # the whole prompt in one step
+        assert len(long) > 1 and sum(long) > 128, long  # chunked
+        assert all(n < sum(long) for n in long)
+    finally:
+        eng.cancel("stream-1")
+        eng.cancel("stream-2")
+        col.wait(["stream-1", "stream-2"])
+        eng.close()

@@ -7,10 +7,10 @@ job's sequence; a request's n choices sharing one prefill).
 One context with n_seq_max = slots (each sequence gets n_ctx / slots cells, as in
 llama-server). Every step:
 1. take new jobs and cancels from the inbox (a job joins at the next step) and
-   give each the free slot whose cached KV shares the longest prefix with it;
-2. build one batch: the next token of every decoding job, then prompt chunks of
-   jobs being prefilled: whole prompts while as many jobs wait for their first
-   token as decode, else as many prompt tokens as keep the step within
+   give each a free slot (llamacpp_slots.py: the lowest, or a long cached prefix);
+2. build one batch, rows in slot order: the next token of every decoding job, then
+   prompts: short ones (`prefill_whole_tokens`) whole, all whole while as many jobs
+   wait for their first token as decode, else chunks that keep the step within
    `prefill_itl_ratio` times a decode-only step (chunked prefill, budget.py);
 3. llama_decode once; sample each sequence from its own row with its own
    sampler chain (JSON-schema grammar, penalties, top-k, top-p, temperature,
@@ -306,14 +306,17 @@ class LlamaCppEngine:
         self._last_group = group
         self.lora.apply(group)
         # Decoders first: one token each keeps every stream moving every step. Prompts
-        # (oldest first) share what the prefill budget leaves.
-        # An urgent (interactive) prompt goes first and whole.
+        # (oldest first) share what the prefill budget leaves. An urgent (interactive)
+        # prompt and a short one go first and whole.
+        def whole(s: Seq) -> bool:
+            return s.req.urgent or len(s.tokens) <= self.cfg.prefill_whole_tokens
+
         order = sorted((s for s in self._active.values()
                         if s.group == group and s.leader is None),
-                       key=lambda s: (s.prefilling, not s.req.urgent))
+                       key=lambda s: (s.prefilling, not whole(s)))
         decoding = sum(1 for s in order if not s.prefilling)
-        urgent = sum(len(s.tokens) for s in order if s.prefilling and s.req.urgent)
-        budget = decoding + max(min(urgent, self.budget.n_batch - decoding),
+        wholes = sum(len(s.tokens) for s in order if s.prefilling and whole(s))
+        budget = decoding + max(min(wholes, self.budget.n_batch - decoding),
                                 self.budget.tokens(decoding, len(order) - decoding))
         plan: list[tuple[Seq, list[int]]] = []
         planned = 0
