@@ -85,7 +85,8 @@ class ModelConfig(BaseModel):
     # dozen steps costs every stream a pass per step (SmolLM2 at c=8: 0.85x llama-server's
     # tokens chunked, 0.97-0.99x whole); long prompts stay chunked.
     prefill_whole_tokens: int = Field(default=128, ge=0)
-    # A free slot keeps its KV cells; a new job takes the slot sharing the longest prefix.
+    # A free slot keeps its KV cells; a new job keeps the prefix its slot holds (and takes
+    # another free slot than the lowest only for a much longer one: llamacpp_slots.py).
     prefix_cache: bool = True
     # After a step that carries some job's first token, wait up to this long for the
     # publisher to have it in Redis before the next step: on a host where the API and Redis
