@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.redis_server import free_port
 from tests.cluster.ha import HA_ENV, HA_PROJECT, HA_SERVICES
 from tests.cluster.harness import ROOT, Cluster, wait_for
 
@@ -23,12 +23,6 @@ BASE = os.environ.get("TOKENQ_BASE_IMAGE", "tokenq/debian-base:bookworm")
 SERVICES = ["redis", "api", "lb", "cpu-worker", "autoscaler", "prometheus"]
 COUNTS = {"api": 2, "cpu-worker": 2}
 TENANTS = ["tenant-a", "tenant-b"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_secrets(folder: Path) -> dict[str, str]:
