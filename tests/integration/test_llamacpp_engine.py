@@ -280,19 +280,25 @@ def test_cache_prompt_false_prefills_afresh(tmp_path: Path) -> None:
         eng.close()
 
 
-def test_every_step_lists_its_sequences_in_id_order(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a KV stream per slot, llama.cpp makes one pass of a step only over sequence ids
-    that run consecutively upwards, and splits it everywhere else. Rows in the order jobs
-    arrived made every 8-stream step two to four passes, twice as slow (docs/benchmarks.md)."""
+@pytest.fixture
+def steps(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """The sequence id of every row of every llama_decode call from now on."""
     real = ll.llama_decode
-    steps: list[list[int]] = []
+    seen: list[list[int]] = []
 
     def spy(ctx: object, batch: ll.llama_batch) -> int:
-        steps.append([batch.seq_id[i][0] for i in range(batch.n_tokens)])
+        seen.append([batch.seq_id[i][0] for i in range(batch.n_tokens)])
         return int(real(ctx, batch))
 
     monkeypatch.setattr(ll, "llama_decode", spy)
+    return seen
+
+
+def test_every_step_lists_its_sequences_in_id_order(tmp_path: Path,
+                                                    steps: list[list[int]]) -> None:
+    """With a KV stream per slot, llama.cpp makes one pass of a step only over sequence ids
+    that run consecutively upwards, and splits it everywhere else. Rows in the order jobs
+    arrived made every 8-stream step two to four passes, twice as slow (docs/benchmarks.md)."""
     eng, col = start_engine(tmp_path, prefix_cache=True)
     try:
         # 12 jobs of 4 lengths on 4 slots: slots free, and are taken again, out of order
@@ -308,17 +314,9 @@ def test_every_step_lists_its_sequences_in_id_order(tmp_path: Path,
 
 
 def test_short_prompts_go_whole_and_long_ones_in_chunks(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+                                                        steps: list[list[int]]) -> None:
     """Beside decoding streams, a prompt of at most prefill_whole_tokens is prefilled in one
     step (as llama-server does), and a longer one in chunks (the streams keep moving)."""
-    real = ll.llama_decode
-    steps: list[list[int]] = []
-
-    def spy(ctx: object, batch: ll.llama_batch) -> int:
-        steps.append([batch.seq_id[i][0] for i in range(batch.n_tokens)])
-        return int(real(ctx, batch))
-
-    monkeypatch.setattr(ll, "llama_decode", spy)
     eng, col = start_engine(tmp_path, n_parallel=3, prefill_whole_tokens=128)
     try:
         for job_id in ("stream-1", "stream-2"):  # slots 0 and 1 decode throughout
