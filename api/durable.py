@@ -76,15 +76,23 @@ async def check_replay(state: AppState, job_id: str) -> None:
     """An Idempotency-Key's earlier job, answered again: a 202 for it means the same as for
     a new one. Its write (by another request, maybe answered 503 `not_replicated`) is
     covered by a WAIT after a barrier write (AsyncJobStore.wait_replicated)."""
-    need = state.settings.api.durable_replicas
-    if not need:
-        return
-    timeout_ms = state.settings.api.durable_timeout_ms
-    acked = await state.jobs.wait_replicated(need, timeout_ms)
-    if acked < need:
+    short = await _short_of_replicas(state)
+    if short is not None:
+        acked, need, timeout_ms = short
         raise NotReplicated(f"{acked} of {need} Redis replicas acknowledged within "
                             f"{timeout_ms} ms, so a Redis failover could lose job {job_id}; "
                             "retry with the same Idempotency-Key, or GET /v1/jobs/" + job_id)
+
+
+async def _short_of_replicas(state: AppState) -> tuple[int, int, int] | None:
+    """None when enough replicas hold every write made so far (or none are asked for);
+    else (replicas that acknowledged, replicas asked for, the wait in ms)."""
+    need = state.settings.api.durable_replicas
+    if not need:
+        return None
+    timeout_ms = state.settings.api.durable_timeout_ms
+    acked = await state.jobs.wait_replicated(need, timeout_ms)
+    return None if acked >= need else (acked, need, timeout_ms)
 
 
 async def confirm(state: AppState, what: str,
@@ -93,13 +101,10 @@ async def confirm(state: AppState, what: str,
     same settings): a WAIT after a barrier write covers every write made before it.
     Short: `undo` (the upload deleted, the batch cancelled, so a retry does not leave a
     twin behind), then a retryable 503 `not_replicated`."""
-    need = state.settings.api.durable_replicas
-    if not need:
+    short = await _short_of_replicas(state)
+    if short is None:
         return
-    timeout_ms = state.settings.api.durable_timeout_ms
-    acked = await state.jobs.wait_replicated(need, timeout_ms)
-    if acked >= need:
-        return
+    acked, need, timeout_ms = short
     undone = False
     if undo is not None:
         with contextlib.suppress(RedisError):

@@ -16,7 +16,6 @@ drained, so every measured interactive request met a busy server; how many did i
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import threading
@@ -31,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.bench import Sample, one_job, one_openai, pct, prompt_text, request_body
-from cli.compare import ROOT, _process
+from cli.compare import ROOT, _process, llama_server_args
 from cli.stack import Stack
 from shared.models import gguf_path
 from shared.redis_server import free_port
@@ -225,13 +224,11 @@ def on_llama_server(settings: Settings, model: str, cfg: MixedConfig,
                       "scripts/build_llama_server.sh once)[/]")
         return None
     mc = settings.models()[model]
-    threads = str(mc.n_threads or os.cpu_count() or 1)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     logs = settings.state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    args = [binary, "-m", str(gguf_path(mc, settings.state_dir)), "--port", str(port),
-            "-np", str(mc.n_parallel), "-cb", "-t", threads, "-c", str(mc.n_ctx), "-a", model]
+    args = llama_server_args(binary, mc, str(gguf_path(mc, settings.state_dir)), port, model)
     try:
         with _process(args, url + "/health", logs / "llama_server_mixed.log"), \
                 _client(url, cfg) as client:

@@ -29,7 +29,7 @@ from cli.inprocess import run_inprocess
 from cli.stack import Stack
 from shared.models import gguf_path
 from shared.redis_server import die_with_parent, free_port
-from shared.settings import Settings
+from shared.settings import ModelConfig, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,12 +75,23 @@ def llama_server_binary(console: Console) -> str | None:
         return None
 
 
+def llama_server_args(binary: str, cfg: ModelConfig, path: str, port: int,
+                      model: str) -> list[str]:
+    """C++ llama-server as every comparison runs it: tokenq's GGUF, threads, slots, n_ctx."""
+    return [binary, "-m", path, "--port", str(port), "-np", str(cfg.n_parallel), "-cb",
+            "-t", threads_of(cfg), "-c", str(cfg.n_ctx), "-a", model]
+
+
+def threads_of(cfg: ModelConfig) -> str:
+    return str(cfg.n_threads or os.cpu_count() or 1)
+
+
 def compare(settings: Settings, model: str, levels: list[int], requests: int | None,
             prompt_words: int, max_tokens: int, budget_s: float,
             console: Console) -> dict[str, Any]:
     cfg = settings.models()[model]
     path = str(gguf_path(cfg, settings.state_dir))
-    threads = str(cfg.n_threads or os.cpu_count() or 1)
+    threads = threads_of(cfg)
     slots = cfg.n_parallel
     logs = settings.state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -122,8 +133,7 @@ def compare(settings: Settings, model: str, levels: list[int], requests: int | N
     binary = llama_server_binary(console)
     if binary:
         port = free_port()
-        peer("llama-server (C++)", [binary, "-m", path, "--port", str(port), "-np", str(slots),
-                                    "-cb", "-t", threads, "-c", str(cfg.n_ctx), "-a", model],
+        peer("llama-server (C++)", llama_server_args(binary, cfg, path, port, model),
              port, "/health", "llama_server.log")
 
     ratio_table(console, results)

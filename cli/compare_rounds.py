@@ -11,7 +11,6 @@ level the median tok/s ratio and TTFT p50 difference with their range.
 
 from __future__ import annotations
 
-import os
 import statistics
 from typing import Any
 
@@ -19,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.bench import Level, run_level
-from cli.compare import _process, llama_server_binary
+from cli.compare import _process, llama_server_args, llama_server_binary
 from cli.stack import Stack
 from shared.models import gguf_path
 from shared.redis_server import free_port
@@ -35,7 +34,6 @@ def compare_rounds(settings: Settings, model: str, levels: list[int], rounds: in
     binary = llama_server_binary(console)
     if binary is None:
         raise SystemExit("--rounds compares against C++ llama-server, which could not be built")
-    threads = str(cfg.n_threads or os.cpu_count() or 1)
     logs = settings.state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -44,9 +42,8 @@ def compare_rounds(settings: Settings, model: str, levels: list[int], rounds: in
     stack = Stack(settings, port=free_port(), models=[model], quiet=True).start()
     try:
         stack.wait_ready()
-        with _process([binary, "-m", str(gguf_path(cfg, settings.state_dir)), "--port",
-                       str(port), "-np", str(cfg.n_parallel), "-cb", "-t", threads, "-c",
-                       str(cfg.n_ctx), "-a", model], peer_url + "/health",
+        with _process(llama_server_args(binary, cfg, str(gguf_path(cfg, settings.state_dir)),
+                                        port, model), peer_url + "/health",
                       logs / "llama_server.log"):
             for r in range(rounds):
                 for c in levels:
