@@ -10,8 +10,10 @@ target <= 1.5x), batch output tok/s alone vs mixed (target >= 0.9x).
 Servers: tokenq (its own embedded stack: Redis, API, one worker), tokenq with preemption
 off (`TOKENQ_WORKER__PREEMPT_MAX=0`: priority lanes only), and C++ llama-server (FIFO:
 no priorities) where scripts/build_llama_server.sh has built it (never built here; the
-peer is skipped, with a message, when it is absent). Arrivals stop once the batch has
-drained, so every measured interactive request met a busy server; how many did is shown.
+peer is skipped, with a message, when it is absent). With `--vllm`: tokenq's vLLM worker
+(both ways) and vLLM's own OpenAI server (FIFO) on the same converted model folder.
+Arrivals stop once the batch has drained, so every measured interactive request met a
+busy server; how many did is shown.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -239,13 +242,35 @@ def on_llama_server(settings: Settings, model: str, cfg: MixedConfig,
         return None
 
 
-def run_mixed(settings: Settings, model: str, cfg: MixedConfig,
-              console: Console) -> dict[str, Any]:
+def on_vllm_server(settings: Settings, folder: Path, model: str, cfg: MixedConfig,
+                   console: Console) -> Figures:
+    """vLLM's own OpenAI server on the same folder and engine settings (FIFO)."""
+    from cli.compare_vllm import vllm_server_args
+
+    mc = settings.models()[model]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with _process(vllm_server_args(str(folder), model, mc, port), url + "/v1/models",
+                  settings.state_dir / "logs" / "vllm_server_mixed.log", timeout=600), \
+            _client(url, cfg) as client:
+        return measure("vllm serve (FIFO)", openai_send(client), model, cfg, console, mc.stop)
+
+
+def run_mixed(settings: Settings, model: str, cfg: MixedConfig, console: Console,
+              vllm: bool = False) -> dict[str, Any]:
+    """tokenq and its peers; `vllm`: tokenq's vLLM worker and `vllm serve` instead of the
+    llama.cpp worker and llama-server."""
+    folder = None
+    if vllm:
+        from cli.compare_vllm import on_vllm
+
+        settings, folder = on_vllm(settings, model, console)
     results = [on_tokenq(settings, model, cfg, console, "tokenq", {})]
     if cfg.peers:
         results.append(on_tokenq(settings, model, cfg, console, "tokenq, preemption off",
                                  {"TOKENQ_WORKER__PREEMPT_MAX": "0"}))
-        peer = on_llama_server(settings, model, cfg, console)
+        peer = (on_vllm_server(settings, folder, model, cfg, console) if folder is not None
+                else on_llama_server(settings, model, cfg, console))
         if peer is not None:
             results.append(peer)
     render(console, results, cfg)

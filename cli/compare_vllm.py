@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -46,9 +47,9 @@ def vllm_server_args(folder: str, model: str, cfg: ModelConfig, port: int) -> li
     return args
 
 
-def compare_vllm(settings: Settings, model: str, levels: list[int], requests: int | None,
-                 prompt_words: int, max_tokens: int, budget_s: float,
-                 console: Console) -> dict[str, Any]:
+def on_vllm(settings: Settings, model: str, console: Console) -> tuple[Settings, Path]:
+    """Settings that serve `model` on the vLLM backend (from its converted Hugging Face
+    folder, made once), and that folder for the peer server."""
     from workers.engines.vllm_args import engine_env
 
     for k, v in engine_env().items():  # the peer server inherits the same environment
@@ -60,13 +61,20 @@ def compare_vllm(settings: Settings, model: str, levels: list[int], requests: in
 
         console.print(f"converting {model} for vLLM into {folder} (once)")
         convert_gguf(gguf_path(cfg, settings.state_dir), folder, cfg.chat_template)
-    logs = settings.state_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    (settings.state_dir / "logs").mkdir(parents=True, exist_ok=True)
     # The registry entry, served by vLLM from that folder (auto picks llama on CPU).
     registry = settings.state_dir / "bench-vllm-models.json"
     registry.write_text(json.dumps({model: {**cfg.model_dump(), "backend": "vllm",
                                             "hf_path": str(folder)}}))
-    tq_settings = settings.model_copy(update={"models_file": registry})
+    return settings.model_copy(update={"models_file": registry}), folder
+
+
+def compare_vllm(settings: Settings, model: str, levels: list[int], requests: int | None,
+                 prompt_words: int, max_tokens: int, budget_s: float,
+                 console: Console) -> dict[str, Any]:
+    tq_settings, folder = on_vllm(settings, model, console)
+    cfg = tq_settings.models()[model]
+    logs = settings.state_dir / "logs"
     results: dict[str, list[Level]] = {}
 
     def measure(name: str, url: str, api: str) -> None:

@@ -186,8 +186,8 @@ def bench(
         "--compare", help="also run llama_cpp.server and C++ llama-server on the same model")]
     = False,
     vllm: Annotated[bool, typer.Option(
-        "--vllm", help="with --compare: tokenq with one vLLM worker vs vLLM's OpenAI server "
-        "on the same converted model")] = False,
+        "--vllm", help="with --compare or --mixed: tokenq with one vLLM worker vs vLLM's "
+        "OpenAI server on the same converted model")] = False,
     rounds: Annotated[int, typer.Option(
         help="with --compare: N rounds against C++ llama-server, both up, levels "
         "interleaved; medians and ranges")] = 1,
@@ -238,7 +238,7 @@ def bench(
         settings = _settings()
         out = run_mixed(settings, model or settings.default_model,
                         config_from(quick, batch_jobs, arrivals, rate, batch_tokens, peers),
-                        Console(stderr=json_out))
+                        Console(stderr=json_out), vllm=vllm)
         if json_out:
             typer.echo(json.dumps(out, indent=2))
         return

@@ -127,6 +127,9 @@ class WorkerSettings(BaseModel):
     # preemption off. The waiting lanes are checked every preempt_poll_s.
     preempt_max: int = Field(default=2, ge=0)
     preempt_poll_s: float = Field(default=0.05, gt=0)
+    # The engine then starts no step until the job it preempted for arrives, for at most
+    # this long (the time to publish the cancel and fetch that job); 0: no hold.
+    preempt_hold_s: float = Field(default=0.25, ge=0)
 
     # Each worker serves its engine metrics here (0: a free port; advertised in heartbeats).
     metrics_addr: str = "127.0.0.1"

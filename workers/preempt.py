@@ -16,6 +16,10 @@ its end, so a steady stream of interactive jobs cannot starve a tenant's batch. 
 preempted attempt bumps the job's attempt number (the fence) but not its count against
 max_attempts (shared/lua/acquire.lua). `preempt_max = 0` turns preemption off.
 
+The freed slot is held (`preempt_hold_s`, where the engine can: llama.cpp): the engine
+publishes the cancel and starts no step until the waiting job arrives, so its prompt goes
+into the very next step rather than behind one more step of the batch.
+
 Exactness: a resumed job prefills its tokens in one batch, so a greedy job's continuation
 may differ in the last float bits from an uninterrupted run (as a takeover's may). A job
 that asks for exact text (`cache_prompt: false`, which also skips prefix reuse) is never
@@ -142,11 +146,14 @@ class Preemptor:
     def preempt(self, victims: Sequence[tuple[JobHandle, str]]) -> list[str]:
         """Stop the engine on each victim (what it generated after its last written step is
         dropped: the next attempt generates it again), then put it back on its queue."""
+        hold = getattr(self.engine, "hold", None)
         for handle, _ in victims:
             handle.released = True  # the heartbeat stops renewing its lease
             handle.outcome = "preempted"  # what its task thread returns
             self.publisher.drop(handle.job_id, handle.attempt)
             self.engine.cancel(handle.job_id)
+            if hold is not None and self.settings.worker.preempt_hold_s > 0:
+                hold(self.settings.worker.preempt_hold_s)  # the waiting job joins next step
         done: list[str] = []
         for handle, priority in victims:
             if self.engine.healthy():

@@ -88,7 +88,7 @@ def submit(rt: WorkerRuntime, job_id: str, got: Acquired) -> JobHandle:
     (no gap, no duplicate)."""
     token_ids, texts = emitted(rt.r, job_id) if got.attempt > 1 else ([], [])
     spec = got.spec
-    urgent = rt.r.hget(keys.job(job_id), "priority") == "high"  # interactive
+    priority = rt.r.hget(keys.job(job_id), "priority")
     guard_grammar(rt, job_id, got.attempt, spec.params)
     handle = rt.publisher.track(job_id, got.attempt, emitted=texts)
     handle.preemptable = spec.params.cache_prompt
@@ -96,7 +96,8 @@ def submit(rt: WorkerRuntime, job_id: str, got: Acquired) -> JobHandle:
         rt.engine.submit(EngineRequest(
             job_id=job_id, attempt=got.attempt, prompt=spec.prompt, messages=spec.messages,
             tools=spec.tools, resume_token_ids=token_ids, inputs=spec.inputs, params=spec.params,
-            adapter=spec.adapter, urgent=urgent))
+            adapter=spec.adapter, urgent=priority == "high",
+            background=priority == "low"))
     except BaseException:
         rt.publisher.untrack(job_id)
         raise

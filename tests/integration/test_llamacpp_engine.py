@@ -341,3 +341,56 @@ def test_short_prompts_go_whole_and_long_ones_in_chunks(tmp_path: Path,
         eng.cancel("stream-2")
         col.wait(["stream-1", "stream-2"])
         eng.close()
+
+
+def test_batch_prompts_go_in_bounded_chunks_even_alone(tmp_path: Path,
+                                                       steps: list[list[int]]) -> None:
+    """A low-priority (background) prompt never fills a step: the step running when an
+    interactive job arrives must end soon. On an idle engine a normal prompt goes whole
+    (nothing decodes beside it); the same prompt as a batch job in chunks of at most
+    prefill_whole_tokens."""
+    eng, col = start_engine(tmp_path, prefill_whole_tokens=32, prefix_cache=False)
+    prompt = " ".join(PROMPTS) * 2
+    try:
+        eng.submit(request("normal", prompt, max_tokens=4))
+        col.wait(["normal"])
+        start = len(steps)
+        batch = request("batch", prompt, max_tokens=4)
+        batch.background = True
+        eng.submit(batch)
+        col.wait(["batch"])
+    finally:
+        eng.close()
+    assert max(len(s) for s in steps[:start]) > 100  # the normal prompt: one step
+    chunks = [len(s) for s in steps[start:]]
+    assert max(chunks) <= 32 and sum(chunks) > 100, chunks
+
+
+def test_a_held_slot_waits_for_its_job_to_join_the_next_step(tmp_path: Path,
+                                                             steps: list[list[int]]) -> None:
+    """Preemption frees a slot for an interactive job still on its way (its task is being
+    fetched). With hold(), the engine publishes the cancel and starts no step until that
+    job arrives, so it is prefilled in the very next step; a hold nobody fills ends by
+    itself and the streams go on."""
+    eng, col = start_engine(tmp_path, n_parallel=2)
+    try:
+        for job_id in ("victim", "stream"):
+            eng.submit(request(job_id, PROMPTS[0], max_tokens=2000))
+        with col.cond:
+            assert col.cond.wait_for(lambda: len(col.ids.get("stream", [])) > 2, 60)
+        eng.cancel("victim")
+        eng.hold(30.0)
+        col.wait(["victim"])
+        held_at = len(steps)
+        time.sleep(1.0)  # the job is on its way: nothing runs meanwhile
+        assert len(steps) <= held_at + 1, steps[held_at:]  # at most the step under way
+        before = len(steps)
+        eng.submit(request("urgent", PROMPTS[1], max_tokens=2))
+        col.wait(["urgent"])
+        assert len(set(steps[before])) == 2 and len(steps[before]) > 2  # prefill + stream
+        eng.hold(0.3)  # a hold nobody fills (urgent is done, its slot free)
+        got = len(col.ids["stream"])
+        with col.cond:  # the stream goes on once the hold ends
+            assert col.cond.wait_for(lambda: len(col.ids["stream"]) > got + 5, 30)
+    finally:
+        eng.close()

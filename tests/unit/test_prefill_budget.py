@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.engines.budget import PrefillBudget
+from workers.engines.budget import PrefillBudget, Want
 
 
 def step_time(decoding: int, prompt: int) -> float:
@@ -78,3 +78,31 @@ def test_room_short_tails_and_stalls() -> None:
     b.observe(7, 0, 100 * step_time(7, 0))  # a frozen VM, not the engine
     b.observe(7, 40, 100 * step_time(7, 40))
     assert b.chunk == settled
+
+
+def test_a_step_plan_gives_every_decoder_its_token_and_bursts_their_whole_prompts() -> None:
+    b = PrefillBudget(slots=8, n_batch=512, itl_ratio=1.5, min_chunk=8, background_tokens=64)
+    decoding = [Want(1, prefilling=False)] * 2
+    burst = [Want(100, prefilling=True, whole=True)] * 3  # as many wait as decode: whole
+    assert b.split(decoding + burst) == [1, 1, 100, 100, 100]
+    long = [Want(300, prefilling=True)]  # the streams are the majority: a chunk
+    assert b.split(decoding * 3 + long) == [1] * 6 + [8]
+
+
+def test_batch_prompts_only_ever_go_in_bounded_chunks() -> None:
+    """A step that runs while an interactive job arrives must end soon: batch prompts
+    never fill a step, not even with nothing decoding or beside a burst of other prompts."""
+    b = PrefillBudget(slots=8, n_batch=512, itl_ratio=1.5, min_chunk=8, background_tokens=64)
+    batch = [Want(200, prefilling=True, background=True)] * 8
+    assert b.split(batch) == [64] + [0] * 7  # alone on the engine: 64 tokens, not 512
+    assert b.split([Want(1, prefilling=False)] * 3 + batch[:2]) == [1, 1, 1, 64, 0]
+    # beside interactive prompts: those whole (or chunked), the batch's wait a step
+    burst = [Want(50, prefilling=True, whole=True)] * 2
+    assert b.split(burst + batch[:3]) == [50, 50, 0, 0, 0]
+    assert b.split([Want(1, prefilling=False)] * 3 + [Want(300, prefilling=True)]
+                   + batch[:1]) == [1, 1, 1, 8, 0]
+    small = PrefillBudget(slots=8, n_batch=512, itl_ratio=3.0, min_chunk=8,
+                          background_tokens=16)
+    run(small, decoding=7, steps=40)  # a learned chunk above background_tokens is used
+    assert small.chunk_tokens() > 16
+    assert sum(small.split(batch[:2])) == small.chunk_tokens()

@@ -36,6 +36,9 @@ class EngineRequest:
     # An interactive job (priority high): its prompt goes into the next step whole, ahead
     # of other prompts, rather than in chunks sized to keep decoding streams smooth.
     urgent: bool = False
+    # A batch job (priority low): its prompt is only ever prefilled in bounded chunks, never
+    # whole in one long step, so a step that runs while an interactive job arrives ends soon.
+    background: bool = False
 
 
 @dataclass(slots=True)
@@ -94,7 +97,9 @@ class Engine(Protocol):
     `check_grammar(params: SamplingParams) -> None`: compile the job's grammar once on
     the caller's thread (workers/tasks.guard_grammar marks the job meanwhile, so a
     grammar that crashes the process fails its job as poison instead of killing the
-    next worker)."""
+    next worker). One that batches steps itself may have `hold(seconds: float) -> None`:
+    a preemption freed a slot for a job on its way; start no step without it meanwhile
+    (workers/preempt.py)."""
 
     backend: str
     slots: int

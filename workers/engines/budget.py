@@ -14,18 +14,37 @@ settles on the largest chunk that keeps steps within `itl_ratio` (or on
 Who waits matters too. While at least as many jobs wait for their first token as
 are decoding (a burst of arrivals, or nothing decoding at all), a step takes
 whole prompts up to `n_batch`: many users' time to first token outweighs a few
-streams' smoothness, and big batches are the cheapest way through prompts.
+streams' smoothness, and big batches are the cheapest way through prompts. Batch
+(background) jobs do not count as waiting: nobody watches their first token, and a
+step must not grow long on their prompts while an interactive job may arrive. Their
+prompts go in bounded chunks, and not at all while another job's prompt is in.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 ALPHA = 0.5  # how far the chunk moves towards each new estimate
 STALL = 10.0  # a step this many times slower than expected is a stall (frozen VM), not data
 
 
+@dataclass(frozen=True, slots=True)
+class Want:
+    """One sequence's input as the step planner sees it."""
+
+    tokens: int  # input tokens left (1 for a decoding sequence)
+    prefilling: bool
+    whole: bool = False  # a prompt that may go in whole (an interactive or a short one)
+    background: bool = False  # a batch job's prompt: bounded chunks only
+
+
 class PrefillBudget:
-    def __init__(self, slots: int, n_batch: int, itl_ratio: float, min_chunk: int):
+    def __init__(self, slots: int, n_batch: int, itl_ratio: float, min_chunk: int,
+                 background_tokens: int = 0):
         self.n_batch = n_batch
+        # Batch prompt tokens one step may carry at most (beyond the learned chunk).
+        self.background_tokens = background_tokens
         self.itl_ratio = itl_ratio
         self.min_chunk = min_chunk
         self.chunk = float(min_chunk)
@@ -35,9 +54,37 @@ class PrefillBudget:
         """Prompt tokens the next step may carry beside `decoding` decoding streams while
         `prefilling` jobs wait for their first token."""
         room = max(0, self.n_batch - decoding)
-        if prefilling >= decoding:
+        if prefilling and prefilling >= decoding:
             return room
-        return min(room, max(self.min_chunk, int(self.chunk)))
+        return min(room, self.chunk_tokens())
+
+    def chunk_tokens(self) -> int:
+        """A prompt chunk that keeps a step within `itl_ratio` of a decode-only one."""
+        return max(self.min_chunk, int(self.chunk))
+
+    def split(self, wants: Sequence[Want]) -> list[int]:
+        """Tokens each of `wants` puts into the next step. `wants` in step order: the
+        decoding sequences, then whole prompts, then the rest oldest first."""
+        decoding = sum(1 for w in wants if not w.prefilling)
+        waiting = sum(1 for w in wants if w.prefilling and not w.background)
+        wholes = sum(w.tokens for w in wants if w.prefilling and w.whole)
+        room = max(0, self.n_batch - decoding)
+        prompts = max(min(wholes, room), self.tokens(decoding, waiting))
+        # Batch prompts: a bounded chunk, and none while another prompt is being prefilled
+        # (an interactive one's first token comes first).
+        background = (0 if waiting else max(self.chunk_tokens(), self.background_tokens))
+        if any(w.prefilling and w.background for w in wants):
+            prompts = max(prompts, min(background, room))
+        left = decoding + prompts
+        takes: list[int] = []
+        for w in wants:
+            take = min(w.tokens, left)
+            if w.prefilling and w.background:
+                take = min(take, background)
+                background -= take
+            takes.append(take)
+            left -= take
+        return takes
 
     def decode_time(self, decoding: int) -> float | None:
         """A decode-only step's time with `decoding` streams: measured, else scaled

@@ -11,7 +11,8 @@ llama-server). Every step:
 2. build one batch, rows in slot order: the next token of every decoding job, then
    prompts: short ones (`prefill_whole_tokens`) whole, all whole while as many jobs
    wait for their first token as decode, else chunks that keep the step within
-   `prefill_itl_ratio` times a decode-only step (chunked prefill, budget.py);
+   `prefill_itl_ratio` times a decode-only step (chunked prefill, budget.py); batch
+   (low-priority) prompts only in chunks of at most that or `prefill_whole_tokens`;
 3. llama_decode once; sample each sequence from its own row with its own
    sampler chain (JSON-schema grammar, penalties, top-k, top-p, temperature,
    seeded dist);
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
 from concurrent.futures import Future
@@ -51,8 +51,9 @@ from workers.engines.base import (
     StepOutput,
     TokenDelta,
 )
-from workers.engines.budget import PrefillBudget
+from workers.engines.budget import PrefillBudget, Want
 from workers.engines.detok import Released, TextStream
+from workers.engines.llamacpp_inbox import Inbox
 from workers.engines.llamacpp_lora import LoraSet, pick_group
 from workers.engines.llamacpp_sampling import Sampler, check_grammar
 from workers.engines.llamacpp_seq import Seq, fork, share_prefill
@@ -72,12 +73,12 @@ class LlamaCppEngine:
         self.slots = cfg.n_parallel
         self.n_ctx_seq = cfg.n_ctx // cfg.n_parallel
         self.max_model_len = self.n_ctx_seq
-        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._inbox = Inbox()
         self._waiting: list[EngineRequest] = []
         self._active: dict[int, Seq] = {}
         self._last_group: int | None = None
         self.budget = PrefillBudget(self.slots, cfg.n_batch, cfg.prefill_itl_ratio,
-                                    cfg.prefill_min_chunk)
+                                    cfg.prefill_min_chunk, cfg.prefill_whole_tokens)
         self.prompt_tokens_total = 0
         self.prefix_reused_tokens = 0
         self._thread: threading.Thread | None = None
@@ -144,10 +145,16 @@ class LlamaCppEngine:
         return n
 
     def submit(self, request: EngineRequest) -> None:
-        self._inbox.put(("submit", request))
+        self._inbox.put("submit", request)
+
+    def hold(self, seconds: float) -> None:
+        """A slot is being freed for a job on its way (workers/preempt.py): once the
+        cancels before this are done, start no step without that job for up to `seconds`,
+        so it joins the very next step rather than waiting a whole step for the next."""
+        self._inbox.put("hold", seconds)
 
     def cancel(self, job_id: str) -> None:
-        self._inbox.put(("cancel", job_id))
+        self._inbox.put("cancel", job_id)
 
     def check_grammar(self, params: SamplingParams) -> None:
         """Compile the job's grammar once on the caller's thread (workers/grammar_guard.py)."""
@@ -156,12 +163,12 @@ class LlamaCppEngine:
 
     def load_adapter(self, ref: AdapterRef) -> int | None:
         fut: Future[None] = Future()
-        self._inbox.put(("lora_load", (ref, fut)))
+        self._inbox.put("lora_load", (ref, fut))
         fut.result(timeout=120)
         return None  # a GGUF LoRA does not record its rank
 
     def unload_adapter(self, ref: AdapterRef) -> None:
-        self._inbox.put(("lora_unload", ref))
+        self._inbox.put("lora_unload", ref)
 
     def stats(self) -> EngineStats:
         used = sum(s.n_past for s in list(self._active.values()))
@@ -175,7 +182,7 @@ class LlamaCppEngine:
 
     def close(self) -> None:
         self._stop.set()
-        self._inbox.put(("stop", None))
+        self._inbox.put("stop")
         if self._thread:
             self._thread.join(timeout=10)
         if getattr(self, "ctx", None):
@@ -197,6 +204,12 @@ class LlamaCppEngine:
             out = StepOutput()
             try:
                 self._drain_inbox(out, block=not self._active and not self._waiting)
+                if self._inbox.held and self._active:  # publish the cancels, then wait
+                    if out and self._sink:
+                        self._sink(out)
+                    self._inbox.await_held()
+                    out = StepOutput()
+                    self._drain_inbox(out, block=False)
                 self._admit(out)
                 if self._active:
                     self._step(out)
@@ -211,12 +224,7 @@ class LlamaCppEngine:
                     out.flushed.wait(self.cfg.first_token_flush_ms / 1000)
 
     def _drain_inbox(self, out: StepOutput, block: bool) -> None:
-        try:
-            msg = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            kind, arg = msg
+        for kind, arg in self._inbox.drain(block):
             if kind == "submit":
                 self._waiting.append(arg)
             elif kind == "cancel":
@@ -230,10 +238,6 @@ class LlamaCppEngine:
                     fut.set_exception(exc)
             elif kind == "lora_unload":
                 self.lora.unwant(arg.id)
-            try:
-                msg = self._inbox.get_nowait()
-            except queue.Empty:
-                return
 
     def _cancel(self, job_id: str, out: StepOutput) -> None:
         for req in self._waiting:
@@ -306,25 +310,20 @@ class LlamaCppEngine:
         self._last_group = group
         self.lora.apply(group)
         # Decoders first: one token each keeps every stream moving every step. Prompts
-        # (oldest first) share what the prefill budget leaves. An urgent (interactive)
-        # prompt and a short one go first and whole.
+        # (oldest first) share what the prefill budget leaves (budget.py). An urgent
+        # (interactive) prompt and a short one go first and whole; a background (batch)
+        # prompt only ever in chunks, so no step grows long on work nobody waits for.
         def whole(s: Seq) -> bool:
-            return s.req.urgent or len(s.tokens) <= self.cfg.prefill_whole_tokens
+            return not s.req.background and (
+                s.req.urgent or len(s.tokens) <= self.cfg.prefill_whole_tokens)
 
         order = sorted((s for s in self._active.values()
                         if s.group == group and s.leader is None),
                        key=lambda s: (s.prefilling, not whole(s)))
         decoding = sum(1 for s in order if not s.prefilling)
-        wholes = sum(len(s.tokens) for s in order if s.prefilling and whole(s))
-        budget = decoding + max(min(wholes, self.budget.n_batch - decoding),
-                                self.budget.tokens(decoding, len(order) - decoding))
-        plan: list[tuple[Seq, list[int]]] = []
-        planned = 0
-        for seq in order:
-            if planned >= budget:
-                break
-            plan.append((seq, seq.tokens[:budget - planned]))
-            planned += len(plan[-1][1])
+        takes = self.budget.split([Want(len(s.tokens), s.prefilling, whole(s), s.req.background)
+                                   for s in order])
+        plan = [(s, s.tokens[:k]) for s, k in zip(order, takes, strict=True) if k]
         # Rows in sequence-id order: with a KV stream per slot, llama.cpp packs a step's
         # sequences into one ubatch only while their ids run consecutively upwards, and
         # splits the step at every other place (a graph pass per piece, each reading all
