@@ -5,6 +5,8 @@
 # Idempotent: a second run takes seconds. The llama-cpp-python wheel is built once per
 # CPU-flag set into ~/.cache/tokenq/wheels/<key>/ (pip's own cache ignores CMAKE_ARGS, so
 # a wheel built with other flags would otherwise be reused silently).
+# TOKENQ_LLAMA_BUILD=portable installs the production image's portable build instead
+# (scripts/llama_portable.sh; what CI does, so that it compiles llama.cpp once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,18 +17,28 @@ PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --upgrade pip wheel setuptools
 
-ARGS="$(scripts/llama_cmake_args.sh)"
-KEY=$(printf '%s %s' "$LLAMA_VERSION" "$ARGS" | sha256sum | cut -c1-16)
+if [ "${TOKENQ_LLAMA_BUILD:-native}" = portable ]; then
+  # The production image's build (every x86-64 CPU variant; scripts/llama_portable.sh):
+  # CI installs it here too, so one llama.cpp build serves the tests and the image.
+  WHEEL=$(scripts/llama_portable.sh | tail -1)
+  KEY="portable $(basename "$WHEEL")"
+else
+  ARGS="$(scripts/llama_cmake_args.sh)"
+  KEY=$(printf '%s %s' "$LLAMA_VERSION" "$ARGS" | sha256sum | cut -c1-16)
+fi
 if [ "$(cat .venv/.llama-key 2>/dev/null)" != "$KEY" ]; then
-  WHEELS="${TOKENQ_WHEEL_CACHE:-$HOME/.cache/tokenq/wheels}/$KEY"
-  if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
-    echo "building llama-cpp-python $LLAMA_VERSION for this CPU (once; 6-13 min on 2 cores)"
-    echo "  CMAKE_ARGS=$ARGS"
-    mkdir -p "$WHEELS"
-    CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-      "${PIP[@]}" wheel --no-deps --no-cache-dir -w "$WHEELS" "llama-cpp-python==$LLAMA_VERSION"
+  if [ -z "${WHEEL:-}" ]; then
+    WHEELS="${TOKENQ_WHEEL_CACHE:-$HOME/.cache/tokenq/wheels}/$KEY"
+    if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
+      echo "building llama-cpp-python $LLAMA_VERSION for this CPU (once; 6-13 min on 2 cores)"
+      echo "  CMAKE_ARGS=$ARGS"
+      mkdir -p "$WHEELS"
+      CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+        "${PIP[@]}" wheel --no-deps --no-cache-dir -w "$WHEELS" "llama-cpp-python==$LLAMA_VERSION"
+    fi
+    WHEEL=$(ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl | head -1)
   fi
-  "${PIP[@]}" install --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
+  "${PIP[@]}" install --force-reinstall --no-deps "$WHEEL"
   echo "$KEY" > .venv/.llama-key
 fi
 

@@ -44,3 +44,14 @@ def test_paired_ttft_produces_figures(tmp_path: Path) -> None:
     for key in ("inprocess_ttft_p50_ms", "tokenq_ttft_p50_ms"):
         assert out[key] > 0 and math.isfinite(out[key])
     assert math.isfinite(out["added_p50_ms"]) and math.isfinite(out["added_mean_ms"])
+
+
+def test_openai_peer_path_produces_figures(stack: Stack) -> None:
+    """The path every peer is measured through (a streamed /v1/completions), here against
+    tokenq's own OpenAI surface: llama-server and `vllm serve` take the same requests."""
+    from cli.bench import run_level
+
+    level = run_level(stack.url, SMOL, 2, 2, prompt_words=20, max_tokens=6, api="openai")
+    assert level.errors == 0 and level.requests == 2
+    for value in (level.output_tok_s, level.ttft_p50_ms, level.e2e_p95_ms):
+        assert value > 0 and math.isfinite(value)
