@@ -2,8 +2,9 @@
 
 The only engine module that imports llama_cpp, with its helpers: shared/vocab.py (backend
 start-up, tokenizer; the API uses it too), llamacpp_sampling.py, llamacpp_lora.py
-(adapters), llamacpp_slots.py (slots and their cached prefixes) and llamacpp_seq.py (a
-job's sequence; a request's n choices sharing one prefill).
+(adapters), llamacpp_slots.py (slots and their cached prefixes), llamacpp_seq.py (a
+job's sequence; a request's n choices sharing one prefill), llamacpp_context.py (the
+context and batch) and llamacpp_inbox.py (messages from other threads).
 One context with n_seq_max = slots (each sequence gets n_ctx / slots cells, as in
 llama-server). Every step:
 1. take new jobs and cancels from the inbox (a job joins at the next step) and
@@ -27,7 +28,6 @@ see llamacpp_lora.py. Cached prefixes are reused only within the same version.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future
@@ -53,6 +53,7 @@ from workers.engines.base import (
 )
 from workers.engines.budget import PrefillBudget, Want
 from workers.engines.detok import Released, TextStream
+from workers.engines.llamacpp_context import create_context, fill
 from workers.engines.llamacpp_inbox import Inbox
 from workers.engines.llamacpp_lora import LoraSet, pick_group
 from workers.engines.llamacpp_sampling import Sampler, check_grammar
@@ -90,20 +91,7 @@ class LlamaCppEngine:
         self._sink = sink
         self.vocab = Vocab(self.model_path, self.cfg, vocab_only=False,
                            n_gpu_layers=self.cfg.n_gpu_layers)
-        params = ll.llama_context_default_params()
-        params.n_ctx = self.cfg.n_ctx
-        params.n_batch = self.cfg.n_batch
-        params.n_ubatch = self.cfg.n_ubatch
-        params.n_seq_max = self.slots
-        params.kv_unified = self.cfg.kv_unified
-        threads = self.cfg.n_threads or os.cpu_count() or 1
-        params.n_threads = threads
-        params.n_threads_batch = threads
-        params.flash_attn_type = (ll.LLAMA_FLASH_ATTN_TYPE_AUTO if self.cfg.flash_attn is None
-                                  else int(self.cfg.flash_attn))
-        ctx = ll.llama_init_from_model(self.vocab.model, params)
-        if not ctx:
-            raise RuntimeError("llama.cpp could not create a context")
+        ctx = create_context(self.vocab.model, self.cfg, self.slots)
         self.ctx = ctx
         self.mem = ll.llama_get_memory(ctx)
         self.batch = ll.llama_batch_init(self.cfg.n_batch, 0, 1)
@@ -129,20 +117,11 @@ class LlamaCppEngine:
         ll.llama_memory_seq_rm(self.mem, 0, -1, -1)
 
     def _decode_seq0(self, tokens: list[int], pos0: int) -> None:
-        n = self._fill(0, tokens, pos0, 0)
+        n = fill(self.batch, 0, tokens, pos0, 0)
         self.batch.logits[n - 1] = 1
         self.batch.n_tokens = n
         if ll.llama_decode(self.ctx, self.batch) != 0:
             raise RuntimeError("llama.cpp could not decode the warm-up prompt")
-
-    def _fill(self, n: int, tokens: list[int], pos0: int, seq_id: int) -> int:
-        """Put one sequence's `tokens` into the batch from row `n` (no logits); the next row."""
-        b = self.batch
-        for i, tok in enumerate(tokens):
-            b.token[n], b.pos[n], b.n_seq_id[n] = tok, pos0 + i, 1
-            b.seq_id[n][0], b.logits[n] = seq_id, 0
-            n += 1
-        return n
 
     def submit(self, request: EngineRequest) -> None:
         self._inbox.put("submit", request)
@@ -329,7 +308,7 @@ class LlamaCppEngine:
         # splits the step at every other place (a graph pass per piece, each reading all
         # the weights again: an unordered 8-stream step took twice as long).
         for seq, take in sorted(plan, key=lambda p: p[0].seq_id):
-            n = self._fill(n, take, seq.n_past, seq.seq_id)
+            n = fill(self.batch, n, take, seq.n_past, seq.seq_id)
             seq.n_past += len(take)
             seq.tokens = seq.tokens[len(take):]
             if not seq.tokens:  # its whole input is in: sample from its last row
