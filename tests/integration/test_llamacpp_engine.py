@@ -348,8 +348,8 @@ def test_batch_prompts_go_in_bounded_chunks_even_alone(tmp_path: Path,
     """A low-priority (background) prompt never fills a step: the step running when an
     interactive job arrives must end soon. On an idle engine a normal prompt goes whole
     (nothing decodes beside it); the same prompt as a batch job in chunks of at most
-    prefill_whole_tokens."""
-    eng, col = start_engine(tmp_path, prefill_whole_tokens=32, prefix_cache=False)
+    batch_prefill_tokens (its default)."""
+    eng, col = start_engine(tmp_path, prefix_cache=False)
     prompt = " ".join(PROMPTS) * 2
     try:
         eng.submit(request("normal", prompt, max_tokens=4))
@@ -363,7 +363,7 @@ def test_batch_prompts_go_in_bounded_chunks_even_alone(tmp_path: Path,
         eng.close()
     assert max(len(s) for s in steps[:start]) > 100  # the normal prompt: one step
     chunks = [len(s) for s in steps[start:]]
-    assert max(chunks) <= 32 and sum(chunks) > 100, chunks
+    assert max(chunks) <= eng.cfg.batch_prefill_tokens < 100 < sum(chunks), chunks
 
 
 def test_a_held_slot_waits_for_its_job_to_join_the_next_step(tmp_path: Path,

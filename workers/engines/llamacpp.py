@@ -13,7 +13,7 @@ llama-server). Every step:
    prompts: short ones (`prefill_whole_tokens`) whole, all whole while as many jobs
    wait for their first token as decode, else chunks that keep the step within
    `prefill_itl_ratio` times a decode-only step (chunked prefill, budget.py); batch
-   (low-priority) prompts only in chunks of at most that or `prefill_whole_tokens`;
+   (low-priority) prompts only in chunks of at most that or `batch_prefill_tokens`;
 3. llama_decode once; sample each sequence from its own row with its own
    sampler chain (JSON-schema grammar, penalties, top-k, top-p, temperature,
    seeded dist);
@@ -79,7 +79,7 @@ class LlamaCppEngine:
         self._active: dict[int, Seq] = {}
         self._last_group: int | None = None
         self.budget = PrefillBudget(self.slots, cfg.n_batch, cfg.prefill_itl_ratio,
-                                    cfg.prefill_min_chunk, cfg.prefill_whole_tokens)
+                                    cfg.prefill_min_chunk, cfg.batch_prefill_tokens)
         self.prompt_tokens_total = 0
         self.prefix_reused_tokens = 0
         self._thread: threading.Thread | None = None
