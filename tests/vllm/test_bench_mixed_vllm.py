@@ -1,8 +1,9 @@
 """`tokenq bench --mixed --vllm` in smoke mode: tokenq's vLLM worker goes through the three
 phases and produces every figure (what the figures are is for docs/benchmarks.md, not a
 test). The peers are left out here: each is one more vLLM engine start (minutes on a
-2-core CI machine), `vllm serve`'s start is tested in test_conformance.py, and the peer
-phases are the same code as the llama.cpp run's (tests/integration/test_bench_mixed.py)."""
+2-core CI machine). `vllm serve`'s start is tested in test_conformance.py, the peers'
+requests (a streamed /v1/completions) in tests/integration/test_bench.py, and their three
+phases are the same `measure` as tokenq's."""
 
 from __future__ import annotations
 
