@@ -94,6 +94,12 @@ class ModelConfig(BaseModel):
     # A free slot keeps its KV cells; a new job keeps the prefix its slot holds (and takes
     # another free slot than the lowest only for a much longer one: llamacpp_slots.py).
     prefix_cache: bool = True
+    # ... and before a slot's cells are overwritten by another job's, they are copied to
+    # host memory (llama-server's --cache-ram), up to this many MiB per worker, least
+    # recently used out first; a later job with that prefix (a preempted batch job coming
+    # back) gets them copied into its slot instead of prefilling them (llamacpp_ramcache.py).
+    # 0: off.
+    prompt_cache_ram_mb: int = Field(default=512, ge=0)
     # After a step that carries some job's first token, wait up to this long for the
     # publisher to have it in Redis before the next step: on a host where the API and Redis
     # share the cores, the next llama_decode would otherwise delay that write by most of a

@@ -20,8 +20,13 @@ The freed slot is held (`preempt_hold_s`, where the engine can: llama.cpp): the 
 publishes the cancel and starts no step until the waiting job arrives, so its prompt goes
 into the very next step rather than behind one more step of the batch.
 
-Exactness: a resumed job prefills its tokens in one batch, so a greedy job's continuation
-may differ in the last float bits from an uninterrupted run (as a takeover's may). A job
+A llama.cpp worker keeps the preempted job's KV cells in host memory
+(workers/engines/llamacpp_ramcache.py) when the waiting job takes its slot: resumed on
+the same worker, it gets them back instead of prefilling its prompt and tokens again.
+
+Exactness: a job resumed elsewhere (or once its cells left that cache) prefills its tokens
+in one batch, so a greedy continuation may differ in the last float bits from an
+uninterrupted run (as a takeover's may). A job
 that asks for exact text (`cache_prompt: false`, which also skips prefix reuse) is never
 preempted: "batched jobs at temperature 0 equal each alone" holds for it as before.
 """

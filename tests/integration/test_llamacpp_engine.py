@@ -137,6 +137,35 @@ def test_prefix_reuse_skips_the_shared_template(tmp_path: Path) -> None:
         eng.close()
 
 
+@pytest.mark.parametrize("ram_mb", [512, 0])
+def test_a_reused_slots_cells_come_back_from_host_memory(tmp_path: Path, ram_mb: int) -> None:
+    """One slot: job B overwrites job A's cells, which were first copied to host memory;
+    A's input again gets them copied back, not prefilled, and its greedy text is the same
+    as with the cells still in the slot (the very cells: not a recomputation). With the
+    RAM cache off, A is prefilled again."""
+    eng, col = start_engine(tmp_path, n_parallel=1, prompt_cache_ram_mb=ram_mb)
+    long = " ".join(PROMPTS) * 2  # ~200 tokens
+    try:
+        def run(job_id: str, prompt: str) -> int:
+            before = eng.prefix_reused_tokens
+            eng.submit(request(job_id, prompt, max_tokens=16))
+            col.wait([job_id])
+            return eng.prefix_reused_tokens - before
+
+        run("a1", long)
+        prompt_len = col.finished["a1"].prompt_tokens
+        assert run("a2", long) == prompt_len - 1  # still in the slot
+        assert run("b", PROMPTS[0]) < 64  # the chat template's few tokens at most
+        reused = run("a3", long)
+    finally:
+        eng.close()
+    if ram_mb:
+        assert reused == prompt_len - 1
+        assert col.output("a3") == col.output("a2")
+    else:
+        assert reused < 64
+
+
 SCHEMA = {"type": "object", "properties": {
     "colour": {"type": "string", "maxLength": 20},
     "count": {"type": "integer"}}, "required": ["colour", "count"],

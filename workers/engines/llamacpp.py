@@ -2,7 +2,8 @@
 
 The only engine module that imports llama_cpp, with its helpers: shared/vocab.py (backend
 start-up, tokenizer; the API uses it too), llamacpp_sampling.py, llamacpp_lora.py
-(adapters), llamacpp_slots.py (slots and their cached prefixes), llamacpp_seq.py (a
+(adapters), llamacpp_slots.py (slots and their cached prefixes; llamacpp_ramcache.py
+keeps them in host memory once their slot is reused), llamacpp_seq.py (a
 job's sequence; a request's n choices sharing one prefill), llamacpp_context.py (the
 context and batch) and llamacpp_inbox.py (messages from other threads).
 One context with n_seq_max = slots (each sequence gets n_ctx / slots cells, as in
@@ -56,6 +57,7 @@ from workers.engines.detok import Released, TextStream
 from workers.engines.llamacpp_context import create_context, fill
 from workers.engines.llamacpp_inbox import Inbox
 from workers.engines.llamacpp_lora import LoraSet, pick_group
+from workers.engines.llamacpp_ramcache import RamCache
 from workers.engines.llamacpp_sampling import Sampler, check_grammar
 from workers.engines.llamacpp_seq import Seq, fork, share_prefill
 from workers.engines.llamacpp_slots import SlotPool
@@ -96,7 +98,8 @@ class LlamaCppEngine:
         self.mem = ll.llama_get_memory(ctx)
         self.batch = ll.llama_batch_init(self.cfg.n_batch, 0, 1)
         self.lora = LoraSet(self.vocab.model, ctx)
-        self.pool = SlotPool(self.mem, self.slots, self.cfg.prefix_cache)
+        self.pool = SlotPool(self.mem, self.slots, self.cfg.prefix_cache,
+                             RamCache(ctx, self.cfg.prompt_cache_ram_mb << 20))
         warm: Future[None] = Future()
         self._thread = threading.Thread(target=self._loop, args=(warm,), name="llama-engine",
                                         daemon=True)

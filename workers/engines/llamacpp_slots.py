@@ -6,7 +6,9 @@ already hold (llama-server's prompt cache: a post-call template or a long system
 is prefilled once per slot, not once per job). It takes another free slot only for a
 much longer prefix there: running jobs packed on the low ids keep each engine step one
 llama.cpp pass (SlotPool.take). Only cells computed with the same adapter version count:
-another adapter's KV is different KV.
+another adapter's KV is different KV. Cells a new job would overwrite are first copied to
+host memory (llamacpp_ramcache.py), and come back into whatever slot a later job with
+that prefix takes: a preempted batch job resumes without prefilling again.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import llama_cpp as ll
 
 from workers.engines.llamacpp_lora import BASE
+from workers.engines.llamacpp_ramcache import MIN_TOKENS, RamCache
 
 # A cached prefix must save this many more prompt tokens than the lowest free slot's to
 # take a slot off the low ids (SlotPool.take).
@@ -26,9 +29,11 @@ class SlotPool:
     """The context's sequence ids (n_seq_max of them): which are free, and the tokens whose
     KV each free one still holds."""
 
-    def __init__(self, mem: Any, slots: int, prefix_cache: bool) -> None:
+    def __init__(self, mem: Any, slots: int, prefix_cache: bool,
+                 ram: RamCache | None = None) -> None:
         self.mem = mem
         self.prefix_cache = prefix_cache
+        self.ram = ram if prefix_cache else None
         self.free = list(range(slots))
         # (adapter version, tokens) whose KV a free slot still holds
         self._cached: dict[int, tuple[int, list[int]]] = {}
@@ -52,11 +57,18 @@ class SlotPool:
                 if n >= best_len + SPREAD_MIN_TOKENS:
                     best, best_len = sid, n
         self.free.remove(best)
+        key, ram_len = (None, 0) if self.ram is None or fresh else self.ram.best(tokens, group)
+        from_ram = key is not None and ram_len >= best_len + MIN_TOKENS
+        cached_group, cached = self._cached.pop(best, (BASE, []))
+        if self.ram is not None and len(cached) - (0 if from_ram else best_len) >= MIN_TOKENS:
+            self.ram.save(best, cached_group, cached)  # cells about to be overwritten
+        if from_ram and self.ram is not None and key is not None:
+            ll.llama_memory_seq_rm(self.mem, best, -1, -1)
+            best_len = ram_len if self.ram.restore(key, best) else 0
         keep = min(best_len, len(tokens) - 1)
         if keep <= 0 or not ll.llama_memory_seq_rm(self.mem, best, keep, -1):
             ll.llama_memory_seq_rm(self.mem, best, -1, -1)
             keep = 0
-        self._cached.pop(best, None)
         return best, keep
 
     def _shared(self, sid: int, tokens: list[int], group: int) -> int:
