@@ -13,6 +13,7 @@ that prefix takes: a preempted batch job resumes without prefilling again.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import llama_cpp as ll
@@ -23,6 +24,8 @@ from workers.engines.llamacpp_ramcache import MIN_TOKENS, RamCache
 # A cached prefix must save this many more prompt tokens than the lowest free slot's to
 # take a slot off the low ids (SlotPool.take).
 SPREAD_MIN_TOKENS = 64
+
+log = logging.getLogger(__name__)
 
 
 class SlotPool:
@@ -65,6 +68,7 @@ class SlotPool:
         if from_ram and self.ram is not None and key is not None:
             ll.llama_memory_seq_rm(self.mem, best, -1, -1)
             best_len = ram_len if self.ram.restore(key, best) else 0
+            log.debug("slot %d: %d cached tokens back from host memory", best, best_len)
         keep = min(best_len, len(tokens) - 1)
         if keep <= 0 or not ll.llama_memory_seq_rm(self.mem, best, keep, -1):
             ll.llama_memory_seq_rm(self.mem, best, -1, -1)
