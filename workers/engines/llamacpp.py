@@ -98,8 +98,9 @@ class LlamaCppEngine:
         self.mem = ll.llama_get_memory(ctx)
         self.batch = ll.llama_batch_init(self.cfg.n_batch, 0, 1)
         self.lora = LoraSet(self.vocab.model, ctx)
+        ram = self.cfg.prompt_cache_ram_mb
         self.pool = SlotPool(self.mem, self.slots, self.cfg.prefix_cache,
-                             RamCache(ctx, self.cfg.prompt_cache_ram_mb << 20))
+                             RamCache(ctx, ram << 20) if ram else None)
         warm: Future[None] = Future()
         self._thread = threading.Thread(target=self._loop, args=(warm,), name="llama-engine",
                                         daemon=True)

@@ -20,7 +20,6 @@ is different KV), and only a job's exact token prefix, as with the slots' own ca
 from __future__ import annotations
 
 import ctypes
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +43,7 @@ class RamCache:
         self.ctx = ctx
         self.budget_bytes = budget_bytes
         self.used_bytes = 0
-        self.restored_tokens = 0  # for tests and the engine's log
-        self._entries: OrderedDict[int, Entry] = OrderedDict()
+        self._entries: dict[int, Entry] = {}  # oldest first
         self._next = 0
 
     def __len__(self) -> int:
@@ -57,17 +55,21 @@ class RamCache:
         if len(tokens) < MIN_TOKENS or self.budget_bytes <= 0:
             return False
         arr = np.asarray(tokens, dtype=np.int32)
-        if any(e.group == group and _shared(e.tokens, arr) >= len(arr)
-               for e in self._entries.values()):
-            return False  # an entry holds these tokens (or more) already
+        extended = []  # entries that are a prefix of these tokens: this one replaces them
+        for key, e in self._entries.items():
+            if e.group == group:
+                n = _shared(e.tokens, arr)
+                if n >= len(arr):
+                    return False  # an entry holds these tokens (or more) already
+                if n >= len(e.tokens):
+                    extended.append(key)
         size = int(ll.llama_state_seq_get_size(self.ctx, seq_id))
         if size <= 0 or size > self.budget_bytes:
             return False
         state = (ctypes.c_uint8 * size)()
         if int(ll.llama_state_seq_get_data(self.ctx, state, size, seq_id)) != size:
             return False
-        for key in [k for k, e in self._entries.items()  # what this one extends
-                    if e.group == group and _shared(e.tokens, arr) >= len(e.tokens)]:
+        for key in extended:
             self._drop(key)
         while self._entries and (self.used_bytes + size > self.budget_bytes
                                  or len(self._entries) >= MAX_ENTRIES):
@@ -95,8 +97,6 @@ class RamCache:
         e = self._entries[key]
         ok = int(ll.llama_state_seq_set_data(self.ctx, e.state, len(e.state), seq_id)) > 0
         self._drop(key)
-        if ok:
-            self.restored_tokens += len(e.tokens)
         return ok
 
     def _drop(self, key: int) -> None:
