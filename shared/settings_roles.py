@@ -124,8 +124,11 @@ class WorkerSettings(BaseModel):
     # handed back to their queue (`queued` again, tokens kept) and later continued from
     # their tokens like a takeover, so interactive traffic does not wait behind a batch.
     # A job is preempted at most preempt_max times (then it runs to its end); 0 turns
-    # preemption off. The waiting lanes are checked every preempt_poll_s.
-    preempt_max: int = Field(default=2, ge=0)
+    # preemption off. The waiting lanes are checked every preempt_poll_s. At 2, a burst
+    # of interactive arrivals found every batch job in a slot at its bound within seconds
+    # (docs/benchmarks.md, 2026-11-26 evening); a preempted job resumes first in its lane,
+    # with its KV kept in host memory on a llama.cpp worker, so 4 costs little.
+    preempt_max: int = Field(default=4, ge=0)
     preempt_poll_s: float = Field(default=0.05, gt=0)
     # The engine then starts no step until the job it preempted for arrives, for at most
     # this long (the time to publish the cancel and fetch that job); 0: no hold.
