@@ -55,6 +55,8 @@ class ScaleConfig:
     backlog: int = 50_000
     backlog_tokens: int = 4
     drain_slots: int = 32
+    # The drain may take this long, plus a second per 100 jobs: a slow 2-core VM drains
+    # ~200 instant jobs/s, so 100,000 jobs need ~500 s
     drain_limit_s: float = 180.0
 
     @classmethod
@@ -179,7 +181,7 @@ def part_backlog(stack: Stack, cfg: ScaleConfig, key: str, meter: Meter, r: redi
     stack.add_worker(DRAIN_MODEL)
     meter.add("worker", stack.worker_procs[-1][1].pid)
     c1["worker"] = 0.0
-    until = t1 + cfg.drain_limit_s
+    until = t1 + cfg.drain_limit_s + n / 100
     while time.monotonic() < until:
         if all(r.hget(keys.batch(b), "status") in ("completed", "failed", "expired",
                                                    "cancelled") for b in batches):
