@@ -30,6 +30,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tokenq.stack")
 
+# The tree this code runs from. Children import from it first, whatever their working
+# directory: `python -m` would otherwise put the working directory ahead of PYTHONPATH,
+# and a stack started from one checkout with PYTHONPATH=<another> would run the other's
+# client against this one's API and workers (an A/B of two trees that compares nothing).
+CODE_ROOT = str(Path(__file__).resolve().parents[1])
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """argv for `python -m module args` that imports this tree's code (`-P`: no working
+    directory on sys.path; _env puts CODE_ROOT first on PYTHONPATH)."""
+    return [sys.executable, "-P", "-m", module, *args]
+
 
 @dataclass
 class Stack:
@@ -67,6 +79,8 @@ class Stack:
             if self.settings.redis_sentinel_password:
                 env["TOKENQ_REDIS_SENTINEL_PASSWORD"] = self.settings.redis_sentinel_password
         env.update(self.env)
+        path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join([CODE_ROOT, *(p for p in path if p != CODE_ROOT)])
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
@@ -97,9 +111,8 @@ class Stack:
             self.redis = EmbeddedRedis(Path(self.settings.state_dir) / "redis").start()
             self.redis_url = self.redis.url
             log.info("embedded redis-server on %s", self.redis_url)
-        py = sys.executable
-        self.api = self._spawn("api", [py, "-m", "api.server", "--host", self.host,
-                                       "--port", str(self.port)])
+        self.api = self._spawn("api", python_module("api.server", "--host", self.host,
+                                                    "--port", str(self.port)))
         for model in self.models if worker_models is None else worker_models:
             for _ in range(self.workers):
                 self.add_worker(model)
@@ -115,7 +128,7 @@ class Stack:
         """Start one worker process for `model` (not supervised: see add_worker)."""
         n = self._spawned[model] = self._spawned.get(model, -1) + 1
         return self._spawn(f"worker-{model}-{n}",
-                           [sys.executable, "-m", "cli.main", "worker", "--model", model])
+                           python_module("cli.main", "worker", "--model", model))
 
     def add_worker(self, model: str) -> subprocess.Popen[bytes]:
         proc = self.spawn_worker(model)
