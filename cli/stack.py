@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import site
 import subprocess
 import sys
 import threading
@@ -35,11 +36,14 @@ log = logging.getLogger("tokenq.stack")
 # and a stack started from one checkout with PYTHONPATH=<another> would run the other's
 # client against this one's API and workers (an A/B of two trees that compares nothing).
 CODE_ROOT = str(Path(__file__).resolve().parents[1])
+# Installed (not a checkout): the children find it where the parent did; PYTHONPATH would
+# put all of site-packages ahead of the standard library.
+INSTALLED = CODE_ROOT in {*site.getsitepackages(), site.getusersitepackages()}
 
 
 def python_module(module: str, *args: str) -> list[str]:
     """argv for `python -m module args` that imports this tree's code (`-P`: no working
-    directory on sys.path; _env puts CODE_ROOT first on PYTHONPATH)."""
+    directory on sys.path; _env puts a checkout's CODE_ROOT first on PYTHONPATH)."""
     return [sys.executable, "-P", "-m", module, *args]
 
 
@@ -79,8 +83,9 @@ class Stack:
             if self.settings.redis_sentinel_password:
                 env["TOKENQ_REDIS_SENTINEL_PASSWORD"] = self.settings.redis_sentinel_password
         env.update(self.env)
-        path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        env["PYTHONPATH"] = os.pathsep.join([CODE_ROOT, *(p for p in path if p != CODE_ROOT)])
+        if not INSTALLED:
+            path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+            env["PYTHONPATH"] = os.pathsep.join([CODE_ROOT, *(p for p in path if p != CODE_ROOT)])
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 

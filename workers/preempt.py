@@ -5,11 +5,11 @@ its lanes high first; with every slot running low-priority jobs, an interactive 
 wait for the first of them to end (a 256-token batch line: tens of seconds on a CPU).
 The preemptor looks at its model's lanes every `preempt_poll_s`: while every slot is
 taken and jobs wait in a lane above some running job's, it hands that many of the
-lowest-lane, most recently started jobs back (shared/lua/preempt.lua: `queued` again,
-tokens kept, `preemptions` + 1). Their slot threads end, take the waiting jobs (lanes
-are consumed high first), and the preempted jobs later continue from their tokens
-exactly like a takeover: the stream has no gap and no duplicate, and the record's output
-is the stream.
+lowest-lane jobs back, the fewest times preempted first, then the most recently started
+(shared/lua/preempt.lua: `queued` again, tokens kept, `preemptions` + 1). Their slot
+threads end, take the waiting jobs (lanes are consumed high first), and the preempted
+jobs later continue from their tokens exactly like a takeover: the stream has no gap and
+no duplicate, and the record's output is the stream.
 
 Bounded: a job is preempted at most `preempt_max` times; after that it keeps its slot to
 its end, so a steady stream of interactive jobs cannot starve a tenant's batch. A
@@ -68,12 +68,13 @@ class Running:
 def pick_victims(running: Sequence[Running], waiting: Mapping[str, int],
                  preempt_max: int) -> list[str]:
     """The jobs to preempt for the jobs `waiting` (per lane): each waiting job, highest
-    lane first, takes the lowest-lane job below its own lane, the most recently started
-    first (the least work to re-prefill), among those preempted fewer than `preempt_max`
-    times."""
+    lane first, takes the lowest-lane job below its own lane, among those preempted fewer
+    than `preempt_max` times; of those, the one preempted fewest times so far (the
+    preemptions spread over the batch, and a job that just came back is not sent back
+    again at once), then the most recently started (the least work lost)."""
     pool = [(RANK.get(j.priority, RANK["normal"]), i, j) for i, j in enumerate(running)
             if j.preemptions < preempt_max]
-    pool.sort(key=lambda c: (-c[0], -c[1]))
+    pool.sort(key=lambda c: (-c[0], c[2].preemptions, -c[1]))
     victims: list[str] = []
     for lane in keys.PRIORITIES:
         for _ in range(waiting.get(lane, 0)):

@@ -94,6 +94,15 @@ def test_victims_are_the_lowest_lane_most_recent_below_the_waiting_lane() -> Non
     assert pick_victims(running, {}, 2) == []
 
 
+def test_the_fewest_times_preempted_go_first_then_the_most_recent() -> None:
+    running = [run("l1", "low"), run("l2", "low", 1), run("l3", "low", 1), run("l4", "low")]
+    assert pick_victims(running, {"high": 1}, 4) == ["l4"]
+    assert pick_victims(running, {"high": 3}, 4) == ["l4", "l1", "l3"]
+    # the lane still comes first: a low job preempted 3 times goes before a fresh normal one
+    assert pick_victims([run("n1", "normal"), run("l1", "low", 3)], {"high": 2}, 4) == [
+        "l1", "n1"]
+
+
 def test_a_job_preempted_preempt_max_times_keeps_its_slot() -> None:
     running = [run("l1", "low", 2), run("l2", "low", 1)]
     assert pick_victims(running, {"high": 2}, 2) == ["l2"]
