@@ -7,12 +7,13 @@ checkout's API and workers: an A/B of two trees that compared one tree with itse
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from cli.stack import CODE_ROOT, Stack, python_module
+from cli.stack import CODE_ROOT, INSTALLED, Stack, python_module
 from shared.settings import Settings
 
 
@@ -25,6 +26,10 @@ def impostor_tree(root: Path) -> Path:
     return root
 
 
+checkout_only = pytest.mark.skipif(INSTALLED, reason="an installed copy sets no PYTHONPATH")
+
+
+@checkout_only
 @pytest.mark.parametrize("via", ["cwd", "pythonpath"])
 def test_a_child_imports_this_tree_not_the_cwd_or_pythonpath(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, via: str) -> None:
@@ -34,14 +39,15 @@ def test_a_child_imports_this_tree_not_the_cwd_or_pythonpath(
     else:
         monkeypatch.delenv("PYTHONPATH", raising=False)
     env = Stack(Settings(state_dir=tmp_path / "state"))._env()
-    assert env["PYTHONPATH"].split(":")[0] == CODE_ROOT
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == CODE_ROOT
     run = subprocess.run(python_module("shared.keys"), cwd=other, env=env,
                          capture_output=True, text=True, timeout=60)
     assert (run.returncode, "impostor" in run.stdout) == (0, False), run.stdout + run.stderr
 
 
+@checkout_only
 def test_pythonpath_keeps_what_was_there_after_this_tree(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("PYTHONPATH", f"/x:{CODE_ROOT}:/y")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/x", CODE_ROOT, "/y"]))
     env = Stack(Settings(state_dir=tmp_path))._env()
-    assert env["PYTHONPATH"] == f"{CODE_ROOT}:/x:/y"
+    assert env["PYTHONPATH"] == os.pathsep.join([CODE_ROOT, "/x", "/y"])
