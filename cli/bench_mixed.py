@@ -33,8 +33,8 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.bench import Sample, one_job, one_openai, pct, prompt_text, request_body
-from cli.compare import ROOT, _process, llama_server_args
-from cli.stack import Stack
+from cli.compare import _process, llama_server_args
+from cli.stack import ROOT, Stack
 from shared.models import gguf_path
 from shared.redis_server import free_port
 from shared.settings import Settings

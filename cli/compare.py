@@ -26,12 +26,10 @@ from rich.table import Table
 
 from cli.bench import Level, budget_lines, render, run_level
 from cli.inprocess import run_inprocess
-from cli.stack import Stack
+from cli.stack import ROOT, Stack
 from shared.models import gguf_path
 from shared.redis_server import die_with_parent, free_port
 from shared.settings import ModelConfig, Settings
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 180) -> None:

@@ -35,15 +35,15 @@ log = logging.getLogger("tokenq.stack")
 # directory: `python -m` would otherwise put the working directory ahead of PYTHONPATH,
 # and a stack started from one checkout with PYTHONPATH=<another> would run the other's
 # client against this one's API and workers (an A/B of two trees that compares nothing).
-CODE_ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = Path(__file__).resolve().parents[1]
 # Installed (not a checkout): the children find it where the parent did; PYTHONPATH would
 # put all of site-packages ahead of the standard library.
-INSTALLED = CODE_ROOT in {*site.getsitepackages(), site.getusersitepackages()}
+INSTALLED = str(ROOT) in {*site.getsitepackages(), site.getusersitepackages()}
 
 
 def python_module(module: str, *args: str) -> list[str]:
     """argv for `python -m module args` that imports this tree's code (`-P`: no working
-    directory on sys.path; _env puts a checkout's CODE_ROOT first on PYTHONPATH)."""
+    directory on sys.path; _env puts a checkout's ROOT first on PYTHONPATH)."""
     return [sys.executable, "-P", "-m", module, *args]
 
 
@@ -84,8 +84,8 @@ class Stack:
                 env["TOKENQ_REDIS_SENTINEL_PASSWORD"] = self.settings.redis_sentinel_password
         env.update(self.env)
         if not INSTALLED:
-            path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-            env["PYTHONPATH"] = os.pathsep.join([CODE_ROOT, *(p for p in path if p != CODE_ROOT)])
+            root, path = str(ROOT), env.get("PYTHONPATH", "").split(os.pathsep)
+            env["PYTHONPATH"] = os.pathsep.join([root, *(p for p in path if p and p != root)])
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.stack import CODE_ROOT, INSTALLED, Stack, python_module
+from cli.stack import INSTALLED, ROOT, Stack, python_module
 from shared.settings import Settings
 
 
@@ -26,6 +26,7 @@ def impostor_tree(root: Path) -> Path:
     return root
 
 
+CODE_ROOT = str(ROOT)
 checkout_only = pytest.mark.skipif(INSTALLED, reason="an installed copy sets no PYTHONPATH")
 
 
