@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,16 @@ class ScaleConfig:
     def quick(cls) -> ScaleConfig:
         return cls(clients=20, token_rate=200.0, stream_s=3.0, posts=50, concurrency=8,
                    backlog=200, drain_limit_s=90.0)
+
+    @classmethod
+    def from_flags(cls, quick: bool, clients: int | None, token_rate: float | None,
+                   posts: int | None, backlog: int | None) -> ScaleConfig:
+        """`tokenq bench --scale [--quick]` with the sizes given on the command line."""
+        cfg = cls.quick() if quick else cls()
+        return replace(cfg, clients=cfg.clients if clients is None else clients,
+                       token_rate=cfg.token_rate if token_rate is None else token_rate,
+                       posts=cfg.posts if posts is None else posts,
+                       backlog=cfg.backlog if backlog is None else backlog)
 
 
 def breakdown(r: redis.Redis, job_ids: list[str]) -> dict[str, float]:

@@ -228,7 +228,13 @@ def bench(
     import json
 
     if scale:
-        _bench_scale(quick, clients, token_rate, posts, backlog, json_out)
+        from cli.bench_scale import ScaleConfig, run_scale
+
+        cfg = ScaleConfig.from_flags(quick, clients=clients, token_rate=token_rate,
+                                     posts=posts, backlog=backlog)
+        result = run_scale(cfg, (lambda _: None) if json_out else typer.echo)
+        if json_out:
+            typer.echo(json.dumps(result, indent=2))
         return
     if mixed:
         from rich.console import Console
@@ -297,23 +303,6 @@ def bench(
     finally:
         if stack is not None:
             stack.stop()
-    if json_out:
-        typer.echo(json.dumps(result, indent=2))
-
-
-def _bench_scale(quick: bool, clients: int | None, token_rate: float | None,
-                 posts: int | None, backlog: int | None, json_out: bool) -> None:
-    import json
-    from dataclasses import replace
-
-    from cli.bench_scale import ScaleConfig, run_scale
-
-    cfg = ScaleConfig.quick() if quick else ScaleConfig()
-    cfg = replace(cfg, clients=cfg.clients if clients is None else clients,
-                  token_rate=cfg.token_rate if token_rate is None else token_rate,
-                  posts=cfg.posts if posts is None else posts,
-                  backlog=cfg.backlog if backlog is None else backlog)
-    result = run_scale(cfg, (lambda _: None) if json_out else typer.echo)
     if json_out:
         typer.echo(json.dumps(result, indent=2))
 

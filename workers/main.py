@@ -32,6 +32,9 @@ from workers.runtime import WorkerRuntime, bind, runtime_of
 
 log = logging.getLogger(__name__)
 
+# How long an idle llama.cpp compute thread spins before it sleeps (idle_compute_threads_sleep)
+OPENMP_SPINS = 10_000
+
 
 def build_engine(settings: Settings, model: str) -> Engine:
     cfg = settings.models()[model]
@@ -78,6 +81,18 @@ def _vllm_engine(settings: Settings, model: str, cfg: ModelConfig) -> Engine:
     return VllmEngine(cfg, path)
 
 
+def idle_compute_threads_sleep() -> None:
+    """llama.cpp's compute threads are an OpenMP team, and libgomp's default lets an idle
+    thread spin 300,000 times (~20 ms here) before it sleeps: longer than the gap between
+    two decodes, so the second core never comes free. In that gap the engine samples, and
+    the publisher, Redis and the API need a core. 10,000 spins (under a millisecond) still
+    cover the waits inside a decode (its step time did not move: docs/benchmarks.md), and
+    the core is free soon after. An operator's own GOMP_SPINCOUNT or OMP_WAIT_POLICY wins.
+    Must run before llama.cpp loads (libgomp reads it once)."""
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", str(OPENMP_SPINS))
+
+
 def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
     if model not in settings.models():
         raise SystemExit(f"unknown model {model!r}; known: {', '.join(settings.models())}")
@@ -91,6 +106,8 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
 
     app.task(name=GENERATE_TASK, bind=True, acks_late=True, ignore_result=True)(tasks.generate)
     cfg = settings.models()[model]
+    if select_backend(cfg) == "llama":
+        idle_compute_threads_sleep()
 
     @signals.worker_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _start(**_: Any) -> None:

@@ -54,11 +54,11 @@ from workers.engines.base import (
 )
 from workers.engines.budget import PrefillBudget, Want
 from workers.engines.detok import Released, TextStream
-from workers.engines.llamacpp_context import create_context, fill
+from workers.engines.llamacpp_context import create_context, fill, threads_of
 from workers.engines.llamacpp_inbox import Inbox
 from workers.engines.llamacpp_lora import LoraSet, pick_group
 from workers.engines.llamacpp_ramcache import RamCache
-from workers.engines.llamacpp_sampling import Sampler, check_grammar
+from workers.engines.llamacpp_sampling import Sampler, StepSampler, check_grammar
 from workers.engines.llamacpp_seq import Seq, fork, share_prefill
 from workers.engines.llamacpp_slots import SlotPool
 
@@ -101,6 +101,7 @@ class LlamaCppEngine:
         ram = self.cfg.prompt_cache_ram_mb
         self.pool = SlotPool(self.mem, self.slots, self.cfg.prefix_cache,
                              RamCache(ctx, ram << 20) if ram else None)
+        self.sampling = StepSampler(split=threads_of(self.cfg) > 1)
         warm: Future[None] = Future()
         self._thread = threading.Thread(target=self._loop, args=(warm,), name="llama-engine",
                                         daemon=True)
@@ -170,6 +171,7 @@ class LlamaCppEngine:
             self._thread.join(timeout=10)
         if getattr(self, "ctx", None):
             self.lora.close()
+            self.sampling.close()
             ll.llama_batch_free(self.batch)
             ll.llama_free(self.ctx)
             self.ctx = None
@@ -330,8 +332,8 @@ class LlamaCppEngine:
         forked = fork(self.mem, self._active.values(), rows)
         self.prefix_reused_tokens += sum(f.n_past for f, _ in forked)
         rows += forked
-        for seq, row in rows:
-            tok = seq.sampler.sample(self.ctx, row)
+        toks = self.sampling.sample(self.ctx, [(seq.sampler, row) for seq, row in rows])
+        for (seq, row), tok in zip(rows, toks, strict=True):
             if seq.req.params.logprobs is not None and not self.vocab.is_eog(tok):
                 seq.logprobs[seq.generated] = self._logprobs(row, tok, seq.req.params.logprobs)
             if self.vocab.is_eog(tok):

@@ -15,6 +15,11 @@ import llama_cpp as ll
 from shared.settings import ModelConfig
 
 
+def threads_of(cfg: ModelConfig) -> int:
+    """Compute threads: as configured, else one per core."""
+    return cfg.n_threads or os.cpu_count() or 1
+
+
 def create_context(model: Any, cfg: ModelConfig, slots: int) -> Any:
     params = ll.llama_context_default_params()
     params.n_ctx = cfg.n_ctx
@@ -22,7 +27,7 @@ def create_context(model: Any, cfg: ModelConfig, slots: int) -> Any:
     params.n_ubatch = cfg.n_ubatch
     params.n_seq_max = slots
     params.kv_unified = cfg.kv_unified
-    threads = cfg.n_threads or os.cpu_count() or 1
+    threads = threads_of(cfg)
     params.n_threads = threads
     params.n_threads_batch = threads
     params.flash_attn_type = (ll.LLAMA_FLASH_ATTN_TYPE_AUTO if cfg.flash_attn is None

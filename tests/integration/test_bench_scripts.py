@@ -1,0 +1,27 @@
+"""Smoke tests: the benchmark scripts behind docs/benchmarks.md run and print their figures
+(what the figures are is for docs/benchmarks.md, not a test)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args: str) -> str:
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, check=True)
+    return out.stdout
+
+
+def test_step_gap_prints_the_gap_between_decodes() -> None:
+    out = run("benchmarks/step_gap.py", "smollm2-135m-instruct")
+    assert re.search(r"smollm2-135m-instruct: \d+ gaps between 8-stream decodes: median "
+                     r"[\d.]+ ms, p90 [\d.]+ ms; decode median [\d.]+ ms", out), out
+
+
+def test_thread_cpu_runs_with_nothing_to_watch() -> None:
+    run("benchmarks/thread_cpu.py", "0.2")
