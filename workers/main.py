@@ -83,11 +83,11 @@ def _vllm_engine(settings: Settings, model: str, cfg: ModelConfig) -> Engine:
 
 def idle_compute_threads_sleep() -> None:
     """llama.cpp's compute threads are an OpenMP team, and libgomp's default lets an idle
-    thread spin 300,000 times (~20 ms here) before it sleeps: longer than the gap between
-    two decodes, so the second core never comes free. In that gap the engine samples, and
-    the publisher, Redis and the API need a core. 10,000 spins (under a millisecond) still
-    cover the waits inside a decode (its step time did not move: docs/benchmarks.md), and
-    the core is free soon after. An operator's own GOMP_SPINCOUNT or OMP_WAIT_POLICY wins.
+    thread spin 300,000 times before it sleeps: here longer than the 4-6 ms between two
+    decodes, so the second core never comes free. In that gap the engine samples, and
+    the publisher, Redis and the API need a core. 10,000 spins still cover the waits inside
+    a decode (its time did not move: docs/benchmarks.md), and the core comes free within
+    about a millisecond of its end. An operator's own GOMP_SPINCOUNT or OMP_WAIT_POLICY wins.
     Must run before llama.cpp loads (libgomp reads it once)."""
     if "OMP_WAIT_POLICY" not in os.environ:
         os.environ.setdefault("GOMP_SPINCOUNT", str(OPENMP_SPINS))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,16 @@ def test_every_old_name_maps_to_a_field() -> None:
     for old, (group, field) in RENAMED.items():
         assert env_name(group, field) in names, old
         assert f"TOKENQ_{old.upper()}" not in names, old
+
+
+def test_the_operators_table_of_renamed_variables_matches_the_code() -> None:
+    """docs/operations.md lists the old names that are not just the new one without its
+    group; a global search-and-replace once made both columns the new name."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    rows = dict(re.findall(r"^\| `(TOKENQ_[A-Z_]+)` \| `(TOKENQ_[A-Z_]+)` \|$", doc, re.M))
+    renamed = {f"TOKENQ_{old.upper()}": env_name(group, field)
+               for old, (group, field) in RENAMED.items() if old != field}
+    assert rows == renamed
 
 
 def test_the_toml_file_takes_tables_and_old_flat_keys(

@@ -87,6 +87,7 @@ class LlamaCppEngine:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._sink: Sink | None = None
+        self.sampling = StepSampler(split=threads_of(cfg) > 1)  # its thread starts on first use
 
     # -- public interface (any thread) -------------------------------------------------
     def start(self, sink: Sink) -> None:
@@ -101,7 +102,6 @@ class LlamaCppEngine:
         ram = self.cfg.prompt_cache_ram_mb
         self.pool = SlotPool(self.mem, self.slots, self.cfg.prefix_cache,
                              RamCache(ctx, ram << 20) if ram else None)
-        self.sampling = StepSampler(split=threads_of(self.cfg) > 1)
         warm: Future[None] = Future()
         self._thread = threading.Thread(target=self._loop, args=(warm,), name="llama-engine",
                                         daemon=True)
@@ -169,9 +169,9 @@ class LlamaCppEngine:
         self._inbox.put("stop")
         if self._thread:
             self._thread.join(timeout=10)
+        self.sampling.close()
         if getattr(self, "ctx", None):
             self.lora.close()
-            self.sampling.close()
             ll.llama_batch_free(self.batch)
             ll.llama_free(self.ctx)
             self.ctx = None
