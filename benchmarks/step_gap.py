@@ -1,10 +1,10 @@
 """The llama.cpp engine's own time between two decodes: sampling and its Python.
 
-tokenq's engine in-process (no Redis, no API), 8 jobs at a time, each 64 tokens at
+tokenq's engine in-process (no Redis, no API), --streams jobs at a time, each 64 tokens at
 temperature 0.7, top-k 40, top-p 0.95 (the bench's sampling); every `llama_decode` is
 timed, and the gap from one decode's end to the next one's start is what the step costs
-beyond the model. Steps with 8 decoding rows only. Usage:
-    .venv/bin/python benchmarks/step_gap.py [model] [--omp-default]
+beyond the model. Steps with all of them decoding only. Usage:
+    .venv/bin/python benchmarks/step_gap.py [model] [--omp-default] [--streams 8] [--rounds 2]
 
 --omp-default: leave libgomp's idle spin as it is (the worker shortens it; see
 `idle_compute_threads_sleep` in workers/main.py), so the sampling helper finds no free core.
@@ -12,9 +12,9 @@ beyond the model. Steps with 8 decoding rows only. Usage:
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import statistics
-import sys
 import threading
 import time
 from functools import partial
@@ -22,22 +22,25 @@ from typing import Any
 
 from workers.main import idle_compute_threads_sleep
 
-if "--omp-default" not in sys.argv:
-    idle_compute_threads_sleep()  # before llama.cpp loads, as the worker does
-
-import llama_cpp as ll
-
-from shared.models import gguf_path
-from shared.schemas import SamplingParams
-from shared.settings import Settings
-from workers.engines.base import EngineRequest, StepOutput
-from workers.engines.llamacpp import LlamaCppEngine
-
-STREAMS, ROUNDS = 8, 2
-
 
 def main() -> None:
-    name = next((a for a in sys.argv[1:] if not a.startswith("--")), "gemma3-270m")
+    parser = argparse.ArgumentParser(description="the engine's time between two decodes")
+    parser.add_argument("model", nargs="?", default="gemma3-270m")
+    parser.add_argument("--omp-default", action="store_true", help="libgomp's default spin")
+    parser.add_argument("--streams", type=int, default=8, help="jobs at a time (slots)")
+    parser.add_argument("--rounds", type=int, default=2, help="batches of --streams jobs")
+    args = parser.parse_args()
+    if not args.omp_default:
+        idle_compute_threads_sleep()  # before llama.cpp loads, as the worker does
+    import llama_cpp as ll
+
+    from shared.models import gguf_path
+    from shared.schemas import SamplingParams
+    from shared.settings import Settings
+    from workers.engines.base import EngineRequest, StepOutput
+    from workers.engines.llamacpp import LlamaCppEngine
+
+    name, streams, rounds = args.model, args.streams, args.rounds
     marks: list[tuple[float, float, int]] = []
     decode = ll.llama_decode
 
@@ -49,7 +52,7 @@ def main() -> None:
 
     ll.llama_decode = timed
     settings = Settings()
-    cfg = settings.models()[name].model_copy(update={"n_parallel": STREAMS})
+    cfg = settings.models()[name].model_copy(update={"n_parallel": streams})
     eng = LlamaCppEngine(cfg, gguf_path(cfg, settings.state_dir))
     ended: set[str] = set()
     cond = threading.Condition()
@@ -65,20 +68,20 @@ def main() -> None:
 
     eng.start(sink)
     try:
-        for r in range(ROUNDS):
-            for i in range(STREAMS):
+        for r in range(rounds):
+            for i in range(streams):
                 params = SamplingParams(max_tokens=64, temperature=0.7, top_p=0.95, top_k=40,
                                         seed=i, repetition_penalty=1.0)
                 eng.submit(EngineRequest(job_id=f"j{r}.{i}", attempt=1, params=params, messages=[
                     {"role": "user", "content": f"Tell me a long story about the number {i}."}]))
             with cond:
-                cond.wait_for(partial(all_ended, STREAMS * (r + 1)), timeout=600)
+                cond.wait_for(partial(all_ended, streams * (r + 1)), timeout=600)
     finally:
         eng.close()
-    full = [m for m in marks if m[2] == STREAMS]
+    full = [m for m in marks if m[2] == streams]
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(marks)
-            if a[2] == STREAMS and b[2] == STREAMS]
-    print(f"{name}: {len(gaps)} gaps between {STREAMS}-stream decodes: median "
+            if a[2] == streams and b[2] == streams]
+    print(f"{name}: {len(gaps)} gaps between {streams}-stream decodes: median "
           f"{statistics.median(gaps) * 1e3:.2f} ms, p90 "
           f"{sorted(gaps)[int(len(gaps) * 0.9)] * 1e3:.2f} ms; decode median "
           f"{statistics.median(m[1] - m[0] for m in full) * 1e3:.1f} ms")
