@@ -111,7 +111,8 @@ class EmbeddedRedis:
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=die_with_parent)
         client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         try:
             while True:
                 try:
@@ -119,9 +120,10 @@ class EmbeddedRedis:
                         self._compact_aof(client)
                         return self
                 except redis.BusyLoadingError:
-                    # Reading its AOF back (LOADING): progress, not a hang. A data dir that
-                    # has served many runs holds hundreds of MB, seconds to load.
-                    deadline = max(deadline, time.monotonic() + loading_timeout)
+                    # Reading its AOF back (LOADING): progress, not a hang, for up to
+                    # loading_timeout. A data dir that has served many runs holds hundreds
+                    # of MB, seconds to load.
+                    deadline = max(deadline, started + loading_timeout)
                 except redis.ConnectionError:
                     pass
                 if self.proc.poll() is not None:

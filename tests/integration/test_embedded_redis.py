@@ -74,3 +74,19 @@ def test_a_relative_data_dir_works(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert (tmp_path / ".tq" / "redis" / "redis.log").exists()
     finally:
         server.stop()
+
+
+def test_loading_is_waited_for_only_up_to_its_own_limit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def forever_loading(*_: object, **__: object) -> object:
+        raise redis.BusyLoadingError("Redis is loading the dataset in memory")
+
+    monkeypatch.setattr(redis.Redis, "ping", forever_loading)
+    server = EmbeddedRedis(tmp_path)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="did not answer PING in time"):
+            server.start(timeout=0.2, loading_timeout=1.0)
+        assert 1.0 <= time.monotonic() - t0 < 5.0
+    finally:
+        server.stop()
