@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 import redis.asyncio.sentinel as asentinel
 import redis.sentinel
 
 from cli.stack import Stack
 from shared.celery_app import create_celery
-from shared.redis_conn import async_client, celery_broker, parse_address, sync_client
+from shared.redis_conn import CPacked, async_client, celery_broker, parse_address, sync_client
 from shared.settings import Settings, SettingsProblem
 from shared.settings_load import load_settings
 
@@ -143,3 +144,35 @@ def test_stack_hands_the_sentinels_to_its_children(monkeypatch: pytest.MonkeyPat
     assert (env["TOKENQ_REDIS_SENTINELS"], env["TOKENQ_REDIS_MASTER_NAME"],
             env["TOKENQ_REDIS_SENTINEL_PASSWORD"]) == ("s1:26379", "mymaster", "sp")
     assert "TOKENQ_REDIS_SENTINELS" not in Stack(Settings())._env()
+
+
+ARGS = [("SET", "k", 0.1), ("SET", "k", -3), ("SET", "k", 2**70), ("SET", "k", 1e20),
+        ("SET", "k", b"\x00\xff"), ("SET", "k", "é"), ("SET", "k", memoryview(b"ab")),
+        ("SET", "k", bytearray(b"cd")), ("CONFIG GET", "maxmemory"),
+        (b"CONFIG GET", "maxmemory"), ("XREAD", "COUNT", 500, "BLOCK", 5000, "STREAMS",
+                                       *(f"s{i}" for i in range(300)), *["0-0"] * 300)]
+
+
+@pytest.mark.parametrize("args", ARGS, ids=range(len(ARGS)))
+def test_async_clients_pack_in_c_the_same_bytes(args: tuple[object, ...]) -> None:
+    """The API's asyncio connections pack with hiredis (redis-py packs those in Python):
+    byte for byte what redis-py would send, for plain and Sentinel-managed clients."""
+    plain = async_client(Settings(redis_url="redis://127.0.0.1:1/0"))
+    cls = plain.connection_pool.connection_class
+    assert issubclass(cls, CPacked) and issubclass(cls, aioredis.Connection)
+    tls = async_client(Settings(redis_url="rediss://:pw@m/1", redis_sentinels=["s1:1"]))
+    assert issubclass(tls.connection_pool.connection_class,
+                      asentinel.SentinelManagedConnection)
+    assert issubclass(tls.connection_pool.connection_class, CPacked)
+    python = aioredis.Connection()
+    assert b"".join(cls().pack_command(*args)) == b"".join(python.pack_command(*args))
+
+
+@pytest.mark.parametrize("bad", [True, None, object()])
+def test_c_packing_refuses_what_redis_py_refuses(bad: object) -> None:
+    cls = async_client(Settings(redis_url="redis://127.0.0.1:1/0")).connection_pool.\
+        connection_class
+    with pytest.raises(redis.exceptions.DataError):
+        aioredis.Connection().pack_command("SET", "k", bad)
+    with pytest.raises(redis.exceptions.DataError):
+        cls().pack_command("SET", "k", bad)
