@@ -2,6 +2,7 @@
 and bound to its Celery app, where the generate task finds it.
 
 The parts: the engine and the publisher that writes its steps (workers/publisher.py),
+the cancel watcher (workers/cancels.py),
 the heartbeat (workers/heartbeat.py) that keeps the leases (workers/leases.py) and
 runs the rescue (workers/reconciler.py), the drainer (workers/drain.py), the preemptor
 (workers/preempt.py), the adapter
@@ -27,6 +28,7 @@ from shared.metrics import WorkerMetrics
 from shared.settings import ModelConfig, Settings
 from shared.store import JobStore
 from workers.adapters import AdapterWatcher
+from workers.cancels import CancelWatcher
 from workers.drain import Drainer
 from workers.engines.base import Engine
 from workers.heartbeat import Heartbeat, advertised_metrics_host
@@ -55,6 +57,7 @@ class WorkerRuntime:
         s = self.settings
         self.store = JobStore(self.r, s)
         self.publisher = Publisher(self.store, on_cancel=self.engine.cancel)
+        self.cancels = CancelWatcher(self.r, self.engine.cancel)
         self.metrics = WorkerMetrics()
         self.celery = create_celery(s)
         self.webhooks = WebhookSender(self.r, s)
@@ -83,6 +86,7 @@ class WorkerRuntime:
             self.heartbeat.metrics_host = advertised_metrics_host(s)
         self.publisher.start()
         self.engine.start(self.publisher.sink)
+        self.cancels.start()
         self.adapters.start()
         self.heartbeat.start()
         if not self.cfg.embedding:  # embeddings are one step each: nothing to preempt
@@ -93,6 +97,7 @@ class WorkerRuntime:
 
     def close(self) -> None:
         self.heartbeat.stop()
+        self.cancels.stop()
         self.preemptor.stop()
         self.adapters.stop()
         self.webhooks.stop()

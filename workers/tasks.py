@@ -3,7 +3,8 @@
 Celery runs this on a threads pool with concurrency = engine slots, so one worker
 process keeps that many jobs in flight against its one engine. The task thread does no
 per-token work: the engine emits steps, the publisher writes them (and ends the job),
-and this thread only watches for a cancel, a lost lease or a dead engine until then.
+and this thread only watches for a lost lease or a dead engine until then (the worker's
+cancel watcher, workers/cancels.py, passes a cancel on).
 The runtime it runs on (workers/runtime.py) is bound to the Celery app at worker start.
 """
 
@@ -26,7 +27,7 @@ from workers.runtime import WorkerRuntime, runtime_of
 
 log = logging.getLogger(__name__)
 
-CANCEL_POLL_S = 0.25
+POLL_S = 0.25  # how often a task thread looks at its engine and its lease
 FENCED_LET_GO_S = 5.0  # a fenced attempt's engine gets this long to let go of the job
 
 
@@ -70,6 +71,7 @@ def _run_job(rt: WorkerRuntime, job_id: str) -> str:
                                {"finished_at": repr(time.time())}, EVENT_CANCELLED, dumps({})))
         return "cancelled"
     handle = submit(rt, job_id, got)
+    rt.cancels.watch(job_id)
     try:
         outcome = wait(rt, job_id, got.attempt, handle)
         try:
@@ -79,6 +81,7 @@ def _run_job(rt: WorkerRuntime, job_id: str) -> str:
             log.warning("job %s: metrics skipped (Redis unavailable)", job_id)
         return outcome
     finally:
+        rt.cancels.unwatch(job_id)
         rt.publisher.untrack(job_id)
 
 
@@ -130,13 +133,9 @@ def guard_grammar(rt: WorkerRuntime, job_id: str, attempt: int, params: Sampling
 
 
 def wait(rt: WorkerRuntime, job_id: str, attempt: int, handle: JobHandle) -> str:
-    """Until the publisher has ended the job: pass on a cancel, give the job back if the
-    engine dies, stop waiting once the lease is lost. The handle's outcome."""
-    cancel_sent = False
-    while not handle.done.wait(CANCEL_POLL_S):
-        if not cancel_sent and cancel_requested(rt.r, job_id):
-            rt.engine.cancel(job_id)
-            cancel_sent = True
+    """Until the publisher has ended the job: give the job back if the engine dies, stop
+    waiting once the lease is lost. The handle's outcome."""
+    while not handle.done.wait(POLL_S):
         if not rt.engine.healthy():
             # Not the job's fault: another worker continues it from its tokens.
             log.error("job %s: the engine died; handing the job back", job_id)
@@ -147,15 +146,6 @@ def wait(rt: WorkerRuntime, job_id: str, attempt: int, handle: JobHandle) -> str
             handle.done.wait(FENCED_LET_GO_S)
             break
     return handle.outcome
-
-
-def cancel_requested(r: redis.Redis, job_id: str) -> bool:
-    """A Redis outage must not end the task: the engine goes on generating, the publisher
-    holds its writes until Redis is back, the lease decides who owns the job."""
-    try:
-        return r.hget(keys.job(job_id), "cancel_requested") == "1"
-    except redis.RedisError:
-        return False
 
 
 def observe(rt: WorkerRuntime, job_id: str, attempt: int, started: float,
