@@ -32,18 +32,22 @@ class CancelWatcher:
         self._cancel = cancel
         self._poll_s = poll_s
         self._lock = threading.Lock()
-        self._watched: dict[str, bool] = {}  # job id -> its cancel was passed on
+        # job id -> (attempt, its cancel was passed on)
+        self._watched: dict[str, tuple[int, bool]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def watch(self, job_id: str) -> None:
+    def watch(self, job_id: str, attempt: int) -> None:
         """From when the engine has the job (a cancel before that would reach nothing)."""
         with self._lock:
-            self._watched[job_id] = False
+            self._watched[job_id] = (attempt, False)
 
-    def unwatch(self, job_id: str) -> None:
+    def unwatch(self, job_id: str, attempt: int) -> None:
+        """A preempted attempt's thread may end after the job's next attempt started here:
+        only its own watch goes."""
         with self._lock:
-            self._watched.pop(job_id, None)
+            if self._watched.get(job_id, (None, False))[0] == attempt:
+                del self._watched[job_id]
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="tokenq-cancels", daemon=True)
@@ -65,7 +69,7 @@ class CancelWatcher:
         """One look at every watched job; the ones whose cancel was passed on now. A Redis
         outage passes nothing on (the engine goes on; the next look after it tells)."""
         with self._lock:
-            jobs = [j for j, sent in self._watched.items() if not sent]
+            jobs = [j for j, (_, sent) in self._watched.items() if not sent]
         if not jobs:
             return []
         pipe = self._r.pipeline(transaction=False)
@@ -78,8 +82,9 @@ class CancelWatcher:
         found: list[str] = []
         with self._lock:
             for job_id, flag in zip(jobs, flags, strict=True):
-                if flag in ("1", b"1") and self._watched.get(job_id) is False:
-                    self._watched[job_id] = True
+                watched = self._watched.get(job_id)
+                if flag in ("1", b"1") and watched is not None and not watched[1]:
+                    self._watched[job_id] = (watched[0], True)
                     found.append(job_id)
         for job_id in found:
             self._cancel(job_id)

@@ -71,7 +71,7 @@ def _run_job(rt: WorkerRuntime, job_id: str) -> str:
                                {"finished_at": repr(time.time())}, EVENT_CANCELLED, dumps({})))
         return "cancelled"
     handle = submit(rt, job_id, got)
-    rt.cancels.watch(job_id)
+    rt.cancels.watch(job_id, got.attempt)
     try:
         outcome = wait(rt, job_id, got.attempt, handle)
         try:
@@ -81,7 +81,7 @@ def _run_job(rt: WorkerRuntime, job_id: str) -> str:
             log.warning("job %s: metrics skipped (Redis unavailable)", job_id)
         return outcome
     finally:
-        rt.cancels.unwatch(job_id)
+        rt.cancels.unwatch(job_id, got.attempt)
         rt.publisher.untrack(job_id)
 
 

@@ -24,23 +24,33 @@ def test_each_cancel_is_passed_on_once_and_only_for_watched_jobs(r: redis.Redis)
     told: list[str] = []
     w = CancelWatcher(r, told.append)
     for job in ("a", "b", "c"):
-        w.watch(job)
+        w.watch(job, 1)
     assert w.check() == []
     r.hset(keys.job("b"), "cancel_requested", "1")
     r.hset(keys.job("x"), "cancel_requested", "1")  # not watched here
     assert w.check() == ["b"]
     assert w.check() == []  # once
-    w.unwatch("b")
-    w.watch("b")  # a new attempt of the job on this worker: told again
+    w.unwatch("b", 1)
+    w.watch("b", 2)  # a new attempt of the job on this worker: told again
     assert w.check() == ["b"]
     assert told == ["b", "b"]
+
+
+def test_an_old_attempt_ending_late_leaves_the_new_one_watched(r: redis.Redis) -> None:
+    told: list[str] = []
+    w = CancelWatcher(r, told.append)
+    w.watch("a", 1)
+    w.watch("a", 2)  # preempted, then taken again here before attempt 1's thread ended
+    w.unwatch("a", 1)
+    r.hset(keys.job("a"), "cancel_requested", "1")
+    assert w.check() == ["a"] and told == ["a"]
 
 
 def test_a_redis_outage_passes_nothing_on() -> None:
     dead = redis.Redis(port=1, socket_connect_timeout=0.2, decode_responses=True)
     told: list[str] = []
     w = CancelWatcher(dead, told.append)
-    w.watch("a")
+    w.watch("a", 1)
     assert w.check() == [] and told == []
 
 
