@@ -74,6 +74,32 @@ def used_memory(r: redis.Redis) -> int:
     return int(info["used_memory"])
 
 
+def command_stats(r: redis.Redis) -> tuple[float, dict[str, tuple[int, int]]]:
+    """Now, and Redis' calls and microseconds so far per command (`INFO commandstats`)."""
+    info: dict[str, Any] = r.info("commandstats")
+    return time.monotonic(), {k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+                              for k, v in info.items() if isinstance(v, dict)}
+
+
+def command_costs(a: tuple[float, dict[str, tuple[int, int]]],
+                  b: tuple[float, dict[str, tuple[int, int]]],
+                  top: int = 3, always: tuple[str, ...] = ("xread",)
+                  ) -> dict[str, dict[str, float]]:
+    """The `top` commands by Redis time between two `command_stats`, and those named in
+    `always` that ran: calls a second, microseconds a call, and the share of Redis' one
+    core they took."""
+    wall = max(b[0] - a[0], 1e-9)
+    out: dict[str, dict[str, float]] = {}
+    for cmd, (calls, usec) in b[1].items():
+        calls0, usec0 = a[1].get(cmd, (0, 0))
+        if calls > calls0:
+            out[cmd] = {"per_s": (calls - calls0) / wall,
+                        "us_per_call": (usec - usec0) / (calls - calls0),
+                        "cores": (usec - usec0) / 1e6 / wall}
+    ranked = sorted(out.items(), key=lambda kv: -kv[1]["cores"])
+    return {k: v for i, (k, v) in enumerate(ranked) if i < top or k in always}
+
+
 async def _one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                request: bytes) -> tuple[int, bytes, bool]:
     writer.write(request)

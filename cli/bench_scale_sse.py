@@ -24,7 +24,7 @@ import httpx
 import redis
 
 from cli.bench import pct
-from cli.bench_scale_load import Meter, bound, post_jobs
+from cli.bench_scale_load import Meter, bound, command_costs, command_stats, post_jobs
 from shared import keys
 from shared.jobs import Acquired
 from shared.schemas import TERMINAL_EVENTS
@@ -222,15 +222,18 @@ def part_sse(stack: Stack, key: str, meter: Meter, r: redis.Redis, say: Callable
             raise RuntimeError("the token source did not start")
         meter.add("source", proc.pid)
         at_go: dict[str, float] = {}
+        stats_at_go = [command_stats(r)]
 
-        def on_go() -> None:
+        def on_go() -> None:  # the bench's own loop: one INFO round trip, then the tokens
             at_go.update(meter.snap())
+            stats_at_go[0] = command_stats(r)
             go.set()
 
         connect_s = 30 + clients / 20
         f, t_go = asyncio.run(fanout(stack.url, key, ids, on_go, connect_s, seconds + 120))
         wall = max(f.last_token - t_go, 1e-9)
         cores = Meter.cores(at_go, meter.snap(), wall)
+        commands = command_costs(stats_at_go[0], command_stats(r))
         summary: dict[str, Any] = out.get(timeout=120)
     finally:
         proc.join(30)
@@ -258,7 +261,8 @@ def part_sse(stack: Stack, key: str, meter: Meter, r: redis.Redis, say: Callable
            "from_redis_p99_ms": 1000 * pct(f.from_redis, 0.99),
            "api_cpu_s_per_1k_tok": api_cpu_s / max(f.tokens, 1) * 1000,
            "source_late_max_ms": summary["late_max_ms"], "cores": cores,
-           "finished_job_bytes": per_job, "finished_job_tokens": f.tokens / max(1, f.ended)}
+           "finished_job_bytes": per_job, "finished_job_tokens": f.tokens / max(1, f.ended),
+           "redis_commands": commands}
     say(f"(a) SSE fan-out: {f.opened} streams open on one API process, {f.started} "
         f"subscribed, {f.ended} ended, {f.errors} errors; tokens written {summary['tokens']}, "
         f"received {f.tokens} (lost {res['lost']})")
@@ -272,5 +276,9 @@ def part_sse(stack: Stack, key: str, meter: Meter, r: redis.Redis, say: Callable
         f"{res['to_redis_p99_ms']:.1f} ms; stream -> client (shared XREAD, SSE, client) "
         f"p50 {res['from_redis_p50_ms']:.1f} / p99 {res['from_redis_p99_ms']:.1f} ms; API "
         f"ceiling at a full core ~{1000 / max(res['api_cpu_s_per_1k_tok'], 1e-9):.0f} tok/s")
+    say("    Redis' time by command: " + "; ".join(
+        f"{cmd.upper()} {c['per_s']:.0f}/s x {c['us_per_call']:.1f} us = {c['cores']:.3f} "
+        "cores" for cmd, c in commands.items()) + " (the shared XREAD walks every watched "
+        "stream at each wake-up)")
     say(f"    {bound(cores)}")
     return res

@@ -20,6 +20,9 @@ def test_scale_bench_produces_figures_and_loses_nothing(tmp_path: Path) -> None:
     assert sse["tokens_written"] > 0 and sse["lost"] == 0
     for key in ("tok_s", "latency_p50_ms", "latency_p99_ms", "api_cpu_s_per_1k_tok"):
         assert math.isfinite(sse[key]) and sse[key] >= 0, key
+    xread = sse["redis_commands"]["xread"]  # the shared reader's cost inside Redis
+    assert xread["per_s"] > 0 and xread["us_per_call"] > 0
+    assert any("Redis' time by command: " in line and "XREAD" in line for line in lines)
 
     posts = out["posts"]
     assert posts["accepted"] == 12 and posts["posts_s"] > 0 and posts["deletes_s"] > 0
