@@ -36,6 +36,8 @@ try:
     import hiredis  # its stub types pack_command's argument as a 1-tuple
 except ImportError:  # a dependency (redis[hiredis]); without it redis-py's own code runs
     hiredis = None
+if not hasattr(hiredis, "pack_command"):  # hiredis < 2 (redis 5.0's extra allows 1.x)
+    hiredis = None
 
 if TYPE_CHECKING:
     from shared.settings import Settings

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -154,7 +155,7 @@ ARGS = [("SET", "k", 0.1), ("SET", "k", -3), ("SET", "k", 2**70), ("SET", "k", 1
 
 
 @pytest.mark.parametrize("args", ARGS, ids=range(len(ARGS)))
-def test_async_clients_pack_in_c_the_same_bytes(args: tuple[object, ...]) -> None:
+def test_async_clients_pack_in_c_the_same_bytes(args: tuple[Any, ...]) -> None:
     """The API's asyncio connections pack with hiredis (redis-py packs those in Python):
     byte for byte what redis-py would send, for plain and Sentinel-managed clients."""
     plain = async_client(Settings(redis_url="redis://127.0.0.1:1/0"))
@@ -169,10 +170,19 @@ def test_async_clients_pack_in_c_the_same_bytes(args: tuple[object, ...]) -> Non
 
 
 @pytest.mark.parametrize("bad", [True, None, object()])
-def test_c_packing_refuses_what_redis_py_refuses(bad: object) -> None:
+def test_c_packing_refuses_what_redis_py_refuses(bad: Any) -> None:
     cls = async_client(Settings(redis_url="redis://127.0.0.1:1/0")).connection_pool.\
         connection_class
     with pytest.raises(redis.exceptions.DataError):
         aioredis.Connection().pack_command("SET", "k", bad)
     with pytest.raises(redis.exceptions.DataError):
         cls().pack_command("SET", "k", bad)
+
+
+def test_without_hiredis_async_clients_pack_as_redis_py_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import shared.redis_conn as redis_conn
+
+    monkeypatch.setattr(redis_conn, "hiredis", None)
+    c = async_client(Settings(redis_url="redis://127.0.0.1:1/0"))
+    assert c.connection_pool.connection_class is aioredis.Connection
