@@ -56,7 +56,8 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
             retry_on_error=[RedisConnectionError, RedisTimeoutError])
         tracing.setup(settings.tracing, "tokenq-api")
         hub_redis = hub_client(settings, settings.api.stream_block_ms)
-        hub = StreamHub(hub_redis, block_ms=settings.api.stream_block_ms)
+        hub = StreamHub(hub_redis, block_ms=settings.api.stream_block_ms,
+                        read_gap_ms=settings.api.stream_read_gap_ms)
         await hub.start()
         state = AppState(
             settings=settings, redis=r, hub=hub, celery=create_celery(settings),

@@ -113,11 +113,17 @@ class _Sub:
 
 
 class StreamHub:
-    def __init__(self, redis: aioredis.Redis, *, block_ms: int = 5000, count: int = 500):
+    def __init__(self, redis: aioredis.Redis, *, block_ms: int = 5000, count: int = 500,
+                 read_gap_ms: int = 0):
         """`redis`: a client whose socket timeout (if any) exceeds `block_ms` (see
-        `hub_client`): otherwise every idle BLOCK ends in a client-side timeout."""
+        `hub_client`): otherwise every idle BLOCK ends in a client-side timeout.
+        `read_gap_ms`: after a read that returned entries, the next starts no sooner than
+        this after it. Each XREAD walks every watched stream inside Redis, so this bounds
+        Redis' cost to (streams watched) x (1000 / gap) walks a second, for at most that
+        much more latency per event (0: read again at once)."""
         self._redis = redis
         self._block_ms = block_ms
+        self._read_gap_s = read_gap_ms / 1000
         self._count = count
         self._subs: dict[str, set[_Sub]] = {}
         self._cursor: dict[str, str] = {}
@@ -163,6 +169,7 @@ class StreamHub:
                 await self._has_subs.wait()
                 continue
             streams: dict[Any, Any] = {self._wake_key: self._wake_cursor, **self._cursor}
+            started = asyncio.get_running_loop().time()
             try:
                 resp: Any = await self._redis.xread(streams, block=self._block_ms,
                                                     count=self._count)
@@ -194,6 +201,8 @@ class StreamHub:
                         sub.queue.put_nowait(entry)
                 if parse_id(entries[-1][0]) > parse_id(self._cursor.get(key, "0-0")):
                     self._cursor[key] = entries[-1][0]
+            if resp and self._read_gap_s:
+                await asyncio.sleep(started + self._read_gap_s - asyncio.get_running_loop().time())
 
     async def _drop_bad_cursors(self) -> None:
         """Ask Redis about each cursor alone (no BLOCK: answers at once); a stream whose

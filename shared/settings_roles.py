@@ -89,6 +89,9 @@ class ApiSettings(BaseModel):
     # timeout is this plus 10 s, so an idle wait ends with Redis' empty reply, not a client
     # timeout.
     stream_block_ms: int = Field(default=5000, ge=100, le=60_000)
+    # The shared XREAD walks every watched stream inside Redis at each wake-up: a gap (ms)
+    # between two reads bounds that cost for up to this much latency (docs/operations.md).
+    stream_read_gap_ms: int = Field(default=0, ge=0, le=1000)
 
     # Budgets on a JSON schema (response_format, job and batch lines, tool parameters)
     # checked before anything is enqueued (shared/schema_budget.py): over one is a 400.

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from api.streams import StreamHub
@@ -14,15 +17,17 @@ async def collect(hub: StreamHub, key: str, after: str | None) -> list[str]:
     return [f["n"] async for _, f in hub.subscribe(key, after)]
 
 
+@pytest.mark.parametrize("gap_ms", [0, 20])
 def test_subscribers_joining_at_any_point_see_every_entry_once(
-        redis_server: EmbeddedRedis) -> None:
-    asyncio.run(_scenario(redis_server.port))
+        redis_server: EmbeddedRedis, gap_ms: int) -> None:
+    asyncio.run(_scenario(redis_server.port, gap_ms))
 
 
-async def _scenario(port: int) -> None:
+async def _scenario(port: int, gap_ms: int) -> None:
     r = aioredis.Redis(port=port, db=14, decode_responses=True)
     await r.flushdb()
-    hub = StreamHub(r, block_ms=200, count=7)  # small count: exercises paging
+    # small count: exercises paging
+    hub = StreamHub(r, block_ms=200, count=7, read_gap_ms=gap_ms)
     await hub.start()
     try:
         keys = [f"s{i}" for i in range(5)]
@@ -49,6 +54,43 @@ async def _scenario(port: int) -> None:
         resumed = await collect(hub, "s0", entries[10][0])
         assert resumed == expected[11:]
         assert hub.watched == 0
+    finally:
+        await hub.stop()
+        await r.aclose()
+
+
+def test_a_read_gap_bounds_the_reads_and_loses_nothing(redis_server: EmbeddedRedis) -> None:
+    """`stream_read_gap_ms`: one XREAD per gap at most while entries keep coming (each walks
+    every watched stream inside Redis), every entry still delivered once, in order."""
+    asyncio.run(_gap_scenario(redis_server.port))
+
+
+async def _gap_scenario(port: int) -> None:
+    r = aioredis.Redis(port=port, db=14, decode_responses=True)
+    await r.flushdb()
+    calls = 0
+    xread = r.xread
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return await xread(*args, **kwargs)
+
+    r.xread = counted  # type: ignore[method-assign]
+    hub = StreamHub(r, block_ms=200, read_gap_ms=50)
+    await hub.start()
+    try:
+        n = 50
+        reader = asyncio.create_task(collect(hub, "g", None))
+        await asyncio.sleep(0.1)
+        calls, t0 = 0, time.monotonic()
+        for i in range(n):
+            await r.xadd("g", {"e": "token", "n": str(i)})
+            await asyncio.sleep(0.005)
+        await r.xadd("g", {"e": "done", "n": str(n)})
+        assert await asyncio.wait_for(reader, 10) == [str(i) for i in range(n + 1)]
+        took = time.monotonic() - t0
+        assert calls <= took / 0.05 + 3, (calls, took)  # without the gap: about one per write
     finally:
         await hub.stop()
         await r.aclose()
