@@ -145,18 +145,17 @@ class CPacked(aioredis.connection.AbstractConnection):
     (the slow 2-core VM). Same bytes, same errors (DataError for what Redis cannot take)."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        assert hiredis is not None
         if isinstance(args[0], str):
             args = (*args[0].encode().split(), *args[1:])
         elif b" " in args[0]:
             args = (*args[0].split(), *args[1:])
         try:
             return [hiredis.pack_command(args)]
-        except TypeError:  # memoryview / bytearray, which hiredis does not take
+        except TypeError:  # a bytearray, which hiredis does not take, or a bad argument
             pass
         try:
             return [hiredis.pack_command(tuple(
-                bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args))]
+                bytes(a) if isinstance(a, bytearray) else a for a in args))]
         except TypeError as exc:
             raise redis.exceptions.DataError(str(exc)) from exc
 

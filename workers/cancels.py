@@ -27,7 +27,8 @@ CANCEL_POLL_S = 0.25
 class CancelWatcher:
     def __init__(self, r: redis.Redis, cancel: Callable[[str], None],
                  poll_s: float = CANCEL_POLL_S):
-        """`cancel(job_id)`: the engine's cancel (never called twice for one watch)."""
+        """`r`: a client that decodes replies (the worker's); `cancel(job_id)`: the engine's
+        cancel (never called twice for one watch)."""
         self._r = r
         self._cancel = cancel
         self._poll_s = poll_s
@@ -83,7 +84,7 @@ class CancelWatcher:
         with self._lock:
             for job_id, flag in zip(jobs, flags, strict=True):
                 watched = self._watched.get(job_id)
-                if flag in ("1", b"1") and watched is not None and not watched[1]:
+                if flag == "1" and watched is not None and not watched[1]:
                     self._watched[job_id] = (watched[0], True)
                     found.append(job_id)
         for job_id in found:
