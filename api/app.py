@@ -57,7 +57,9 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
         tracing.setup(settings.tracing, "tokenq-api")
         hub_redis = hub_client(settings, settings.api.stream_block_ms)
         hub = StreamHub(hub_redis, block_ms=settings.api.stream_block_ms,
-                        read_gap_ms=settings.api.stream_read_gap_ms)
+                        read_gap_ms=settings.api.stream_read_gap_ms,
+                        notify=settings.api.stream_notify,
+                        full_read_ms=settings.api.stream_full_read_ms)
         await hub.start()
         state = AppState(
             settings=settings, redis=r, hub=hub, celery=create_celery(settings),

@@ -1,14 +1,21 @@
-"""One shared XREAD BLOCK reader per API process, fanned out to every open SSE stream.
+"""One shared XREAD reader per API process, fanned out to every open SSE stream.
 
-Why shared: one blocking XREAD over all watched streams costs one Redis
-connection and one round trip per batch of events, however many clients are
-connected, so event latency stays flat as streams are added (figures in
-docs/benchmarks.md, "Figures behind code choices").
+Why shared: one XREAD over the watched streams costs one Redis connection and one round
+trip per batch of events, however many clients are connected, so event latency stays flat
+as streams are added (figures in docs/benchmarks.md, "Figures behind code choices").
+
+Which streams a read names (`api.stream_notify`):
+- notified (the default): only those whose pub/sub channel announced new entries since
+  the last read (api/stream_notify.py), and every watched stream once per
+  `full_read_ms`, which delivers whatever a lost or missing hint left behind. Redis'
+  cost per read is the streams that moved.
+- blocking: an XREAD BLOCK over every watched stream (and a private wake stream that a
+  new subscriber writes to). Inside Redis each wake-up walks all of them.
 
 How a subscriber joins without a gap or a duplicate:
 1. It registers first. If the stream is new to the hub, the hub's cursor for
-   it starts at the subscriber's resume point, and the reader (woken through a
-   private wake stream) delivers everything after it.
+   it starts at the subscriber's resume point, and the reader (woken at once)
+   delivers everything after it.
 2. If the hub already reads that stream at cursor `c`, the reader will deliver
    everything after `c` to the new subscriber from now on; the subscriber reads
    (resume point, c] itself with XRANGE.
@@ -35,6 +42,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from api.stream_notify import StreamNotifier
 from shared import keys
 from shared.redis_conn import async_client
 from shared.schemas import TERMINAL_EVENTS
@@ -114,13 +122,15 @@ class _Sub:
 
 class StreamHub:
     def __init__(self, redis: aioredis.Redis, *, block_ms: int = 5000, count: int = 500,
-                 read_gap_ms: int = 0):
+                 read_gap_ms: int = 0, notify: bool = False, full_read_ms: int = 1000):
         """`redis`: a client whose socket timeout (if any) exceeds `block_ms` (see
         `hub_client`): otherwise every idle BLOCK ends in a client-side timeout.
         `read_gap_ms`: after a read that returned entries, the next starts no sooner than
         this after it. Each XREAD walks every watched stream inside Redis, so this bounds
         Redis' cost to (streams watched) x (1000 / gap) walks a second, for at most that
-        much more latency per event (0: read again at once)."""
+        much more latency per event (0: read again at once).
+        `notify`: read only the streams announced on their pub/sub channels, and all of
+        them every `full_read_ms` (else: XREAD BLOCK over all, `block_ms` at a time)."""
         self._redis = redis
         self._block_ms = block_ms
         self._read_gap_s = read_gap_ms / 1000
@@ -130,6 +140,10 @@ class StreamHub:
         self._wake_key = keys.api_wake(uuid.uuid4().hex)
         self._wake_cursor = "0-0"
         self._has_subs = asyncio.Event()
+        self._notifier = StreamNotifier(redis, self._hint) if notify else None
+        self._full_read_s = full_read_ms / 1000
+        self._dirty: set[str] = set()
+        self._dirty_event = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
 
@@ -138,6 +152,10 @@ class StreamHub:
         return len(self._subs)
 
     async def start(self) -> None:
+        if self._notifier is not None:
+            await self._notifier.start()
+            self._task = asyncio.create_task(self._run_notified(), name="tokenq-stream-hub")
+            return
         self._wake_cursor = str(await self._redis.xadd(self._wake_key, {"w": "1"}, maxlen=10))
         await self._redis.expire(self._wake_key, 86400)
         self._task = asyncio.create_task(self._run(), name="tokenq-stream-hub")
@@ -148,6 +166,8 @@ class StreamHub:
         self._closing = True
         self._has_subs.set()
         await self._wake()
+        if self._notifier is not None:
+            await self._notifier.stop()
         if self._task:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout=3)
@@ -155,12 +175,22 @@ class StreamHub:
                 self._task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._task
-        with contextlib.suppress(RedisError):
-            await self._redis.delete(self._wake_key)
+        if self._notifier is None:
+            with contextlib.suppress(RedisError):
+                await self._redis.delete(self._wake_key)
 
     async def _wake(self) -> None:
+        if self._notifier is not None:
+            self._dirty_event.set()
+            return
         with contextlib.suppress(RedisError):
             await self._redis.xadd(self._wake_key, {"w": "1"}, maxlen=10)
+
+    def _hint(self, key: str) -> None:
+        """`key` has new entries (or was just subscribed): the next read names it."""
+        if key in self._cursor:
+            self._dirty.add(key)
+            self._dirty_event.set()
 
     async def _run(self) -> None:
         while not self._closing:
@@ -170,39 +200,79 @@ class StreamHub:
                 continue
             streams: dict[Any, Any] = {self._wake_key: self._wake_cursor, **self._cursor}
             started = asyncio.get_running_loop().time()
-            try:
-                resp: Any = await self._redis.xread(streams, block=self._block_ms,
-                                                    count=self._count)
-            except ResponseError as exc:
-                # Redis refused the command itself (a cursor it cannot parse): retrying the
-                # same XREAD would stall every stream here. End only the bad cursor's
-                # subscribers.
-                log.warning("stream hub: XREAD refused (%s); checking each cursor", exc)
-                await self._drop_bad_cursors()
-                continue
-            except RedisTimeoutError as exc:
-                # Not an idle wait (that ends at BLOCK with an empty reply): Redis gave no
-                # answer for BLOCK + the margin.
-                log.warning("stream hub: Redis did not answer XREAD in time (%s); again", exc)
-                continue
-            except RedisError as exc:
-                log.warning("stream hub: XREAD failed (%s); retrying", exc)
-                await asyncio.sleep(0.5)
+            ok, resp = await self._xread(streams, self._block_ms)
+            if not ok:
                 continue
             for key, entries in resp or []:
                 if key == self._wake_key:
                     self._wake_cursor = entries[-1][0]
-                    continue
-                subs = self._subs.get(key)
-                if not subs:
-                    continue
-                for entry in entries:
-                    for sub in subs:
-                        sub.queue.put_nowait(entry)
-                if parse_id(entries[-1][0]) > parse_id(self._cursor.get(key, "0-0")):
-                    self._cursor[key] = entries[-1][0]
+            self._deliver(resp)
             if resp and self._read_gap_s:
                 await asyncio.sleep(started + self._read_gap_s - asyncio.get_running_loop().time())
+
+    async def _run_notified(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_full = 0.0
+        while not self._closing:
+            if not self._subs:
+                self._has_subs.clear()
+                await self._has_subs.wait()
+                continue
+            started = loop.time()
+            if started >= next_full:
+                names = list(self._cursor)  # every watched stream: what no hint announced
+                next_full = started + self._full_read_s
+            elif self._dirty:
+                names = [key for key in self._dirty if key in self._cursor]
+            else:
+                self._dirty_event.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._dirty_event.wait(), next_full - started)
+                continue
+            self._dirty.clear()
+            if not names:
+                continue
+            ok, resp = await self._xread({key: self._cursor[key] for key in names}, None)
+            if not ok:
+                self._dirty.update(names)  # not read: name them again
+                continue
+            self._deliver(resp)
+            for key, entries in resp or []:
+                if len(entries) >= self._count:
+                    self._dirty.add(key)  # a page: more may wait
+            if resp and self._read_gap_s:
+                await asyncio.sleep(started + self._read_gap_s - loop.time())
+
+    async def _xread(self, streams: dict[Any, Any], block_ms: int | None) -> tuple[bool, Any]:
+        """One XREAD: (True, its reply), or (False, None) after a failure, handled here
+        (logged, waited on, or the bad cursors' subscribers ended): the caller reads again."""
+        try:
+            return True, await self._redis.xread(streams, block=block_ms, count=self._count)
+        except ResponseError as exc:
+            # Redis refused the command itself (a cursor it cannot parse): retrying the
+            # same XREAD would stall every stream here. End only the bad cursor's
+            # subscribers.
+            log.warning("stream hub: XREAD refused (%s); checking each cursor", exc)
+            await self._drop_bad_cursors()
+        except RedisTimeoutError as exc:
+            # Not an idle wait (that ends at BLOCK with an empty reply): Redis gave no
+            # answer for BLOCK + the margin.
+            log.warning("stream hub: Redis did not answer XREAD in time (%s); again", exc)
+        except RedisError as exc:
+            log.warning("stream hub: XREAD failed (%s); retrying", exc)
+            await asyncio.sleep(0.5)
+        return False, None
+
+    def _deliver(self, resp: Any) -> None:
+        for key, entries in resp or []:
+            subs = self._subs.get(key)
+            if not subs:
+                continue
+            for entry in entries:
+                for sub in subs:
+                    sub.queue.put_nowait(entry)
+            if parse_id(entries[-1][0]) > parse_id(self._cursor.get(key, "0-0")):
+                self._cursor[key] = entries[-1][0]
 
     async def _drop_bad_cursors(self) -> None:
         """Ask Redis about each cursor alone (no BLOCK: answers at once); a stream whose
@@ -218,6 +288,8 @@ class StreamHub:
                 self._cursor.pop(key, None)
                 for sub in self._subs.pop(key, set()):
                     sub.queue.put_nowait(None)
+                if self._notifier is not None:
+                    self._notifier.unwant(key)
             except RedisError:
                 pass  # not this cursor's fault: the main loop's retry handles it
         if not bad:
@@ -235,6 +307,9 @@ class StreamHub:
         self._subs.setdefault(key, set()).add(sub)
         if catch_up_to is None:
             self._cursor[key] = last  # a new stream: the reader starts at our resume point
+            if self._notifier is not None:
+                self._notifier.want(key)
+                self._hint(key)
         self._has_subs.set()
         await self._wake()
         try:
@@ -262,6 +337,8 @@ class StreamHub:
                 if not subs:
                     del self._subs[key]
                     self._cursor.pop(key, None)
+                    if self._notifier is not None:
+                        self._notifier.unwant(key)
 
     async def _range(self, key: str, after: str, upto: str) -> AsyncIterator[Entry]:
         start = "(" + after

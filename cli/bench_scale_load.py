@@ -83,7 +83,7 @@ def command_stats(r: redis.Redis) -> tuple[float, dict[str, tuple[int, int]]]:
 
 def command_costs(a: tuple[float, dict[str, tuple[int, int]]],
                   b: tuple[float, dict[str, tuple[int, int]]],
-                  top: int = 3, always: tuple[str, ...] = ("xread",)
+                  top: int = 3, always: tuple[str, ...] = ("xread", "publish")
                   ) -> dict[str, dict[str, float]]:
     """The `top` commands by Redis time between two `command_stats`, and those named in
     `always` that ran: calls a second, microseconds a call, and the share of Redis' one

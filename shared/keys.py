@@ -2,6 +2,8 @@
 
     tokenq:job:{id}              hash    the job record (see shared/schemas.JobRecord)
     tokenq:job:{id}:events       stream  SSE events; entry id == SSE id
+                                 (and a pub/sub channel of that name: an empty message
+                                 per write, read by api/stream_notify.py)
     tokenq:job:{id}:lease        string  "{worker}|{attempt}", PX = lease TTL
     tokenq:tenant:{t}:jobs       zset    job ids by creation time (listing, quotas)
     tokenq:tenant:{t}:queued     zset    the tenant's jobs still queued (per-tenant limit)
@@ -13,7 +15,8 @@
     tokenq:running               zset    job keys with a running attempt (for takeover)
     tokenq:queued                zset    job keys still queued, by creation (lost-message rescue)
     unacked                      hash    kombu's delivered-not-acked messages, by delivery tag
-    tokenq:api:{uuid}:wake       stream  wakes the API's shared XREAD reader
+    tokenq:api:{uuid}:wake       stream  wakes the API's shared XREAD BLOCK reader
+                                 (api.stream_notify off)
     tokenq.{model}.{priority}    list    Celery queue (kombu's Redis transport)
 
 LoRA adapters (shared/adapters.py):

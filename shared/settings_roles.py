@@ -92,6 +92,12 @@ class ApiSettings(BaseModel):
     # The shared XREAD walks every watched stream inside Redis at each wake-up: a gap (ms)
     # between two reads bounds that cost for up to this much latency (docs/operations.md).
     stream_read_gap_ms: int = Field(default=0, ge=0, le=1000)
+    # Read only the streams whose pub/sub channel announced new entries (the job scripts
+    # PUBLISH on each write), and every watched stream once per stream_full_read_ms (what a
+    # lost hint, or a worker from before the hints, left behind). False: XREAD BLOCK over
+    # every watched stream (stream_block_ms), as before.
+    stream_notify: bool = True
+    stream_full_read_ms: int = Field(default=1000, ge=50, le=60_000)
 
     # Budgets on a JSON schema (response_format, job and batch lines, tool parameters)
     # checked before anything is enqueued (shared/schema_budget.py): over one is a 400.

@@ -52,18 +52,19 @@ def test_malformed_last_event_id_is_400_and_the_victim_finishes(
           f"({victim.max_tokens} tokens) and chat request finished whole meanwhile")
 
 
+@pytest.mark.parametrize("notify", [True, False], ids=["notified", "blocking"])
 def test_a_cursor_redis_refuses_ends_only_its_subscribers(
-        hostile: Stack, hredis: redis.Redis) -> None:
+        hostile: Stack, hredis: redis.Redis, notify: bool) -> None:
     """Defence in depth: a cursor that got past validation (simulated by planting it in
     the hub) makes Redis refuse the whole XREAD; the hub ends that stream's subscribers
-    and every other stream goes on."""
+    and every other stream goes on. (Notified: the full read names the planted cursor.)"""
     with client(hostile, "beta") as beta:
         good = submit(beta, 1, 200)[0]  # ~0.2 s
         idle = submit(beta, 1, 5, model=FAKE_IDLE)[0]
 
     async def scenario() -> tuple[list[str], BaseException | None]:
         r = hub_client(Settings(redis_url=hostile.redis_url), BLOCK_MS)
-        hub = StreamHub(r, block_ms=BLOCK_MS)
+        hub = StreamHub(r, block_ms=BLOCK_MS, notify=notify, full_read_ms=200)
         await hub.start()
         try:
             bad_sub = hub.subscribe(keys.job_events(idle), None)

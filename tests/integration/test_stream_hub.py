@@ -17,17 +17,19 @@ async def collect(hub: StreamHub, key: str, after: str | None) -> list[str]:
     return [f["n"] async for _, f in hub.subscribe(key, after)]
 
 
+@pytest.mark.parametrize("notify", [False, True], ids=["blocking", "notified"])
 @pytest.mark.parametrize("gap_ms", [0, 20])
 def test_subscribers_joining_at_any_point_see_every_entry_once(
-        redis_server: EmbeddedRedis, gap_ms: int) -> None:
-    asyncio.run(_scenario(redis_server.port, gap_ms))
+        redis_server: EmbeddedRedis, gap_ms: int, notify: bool) -> None:
+    asyncio.run(_scenario(redis_server.port, gap_ms, notify))
 
 
-async def _scenario(port: int, gap_ms: int) -> None:
+async def _scenario(port: int, gap_ms: int, notify: bool) -> None:
     r = aioredis.Redis(port=port, db=14, decode_responses=True)
     await r.flushdb()
-    # small count: exercises paging
-    hub = StreamHub(r, block_ms=200, count=7, read_gap_ms=gap_ms)
+    # small count: exercises paging; notified: hints only (no full read after the first)
+    hub = StreamHub(r, block_ms=200, count=7, read_gap_ms=gap_ms, notify=notify,
+                    full_read_ms=60_000)
     await hub.start()
     try:
         keys = [f"s{i}" for i in range(5)]
@@ -36,9 +38,11 @@ async def _scenario(port: int, gap_ms: int) -> None:
         async def writer(key: str) -> None:
             for i in range(n):
                 await r.xadd(key, {"e": "token", "n": str(i)})
+                await r.publish(key, "")  # as the job scripts do
                 if i % 5 == 0:
                     await asyncio.sleep(0.005)
             await r.xadd(key, {"e": "done", "n": str(n)})
+            await r.publish(key, "")
 
         expected = [str(i) for i in range(n + 1)]
         early = [asyncio.create_task(collect(hub, k, None)) for k in keys]
