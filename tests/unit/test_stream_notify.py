@@ -1,0 +1,122 @@
+"""The notifier's bookkeeping when streams come and go while its (un)subscribe commands
+are on their way: what Redis ends up subscribed to is what the hub watches. A stand-in
+connection holds each command until the test lets it go."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from api.stream_notify import StreamNotifier
+
+
+class HeldConnection:
+    """Records each command; a send waits for `release`. Reads wait forever (no replies
+    needed here)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, ...]] = []
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def send_command(self, *args: str, check_health: bool = True) -> None:
+        assert not check_health  # a health PING would read a pub/sub message as its reply
+        await self.release.wait()
+        self.sent.append(args)
+
+    async def read_response(self, **_: Any) -> Any:
+        await asyncio.Event().wait()
+
+    async def disconnect(self) -> None:
+        pass
+
+
+class Pool:
+    def __init__(self, conn: HeldConnection) -> None:
+        self.conn = conn
+
+    async def get_connection(self) -> HeldConnection:
+        return self.conn
+
+    async def release(self, conn: HeldConnection) -> None:
+        pass
+
+
+class Client:
+    def __init__(self, conn: HeldConnection) -> None:
+        self.connection_pool = Pool(conn)
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def subscribed(sent: list[tuple[str, ...]]) -> set[str]:
+    """What Redis would be subscribed to after these commands, in order."""
+    now: set[str] = set()
+    for command, *channels in sent:
+        if command == "SUBSCRIBE":
+            now |= set(channels)
+        elif command == "UNSUBSCRIBE":
+            now -= set(channels)
+    return now
+
+
+def test_a_stream_left_while_its_subscribe_is_in_flight_is_unsubscribed() -> None:
+    async def main() -> None:
+        conn = HeldConnection()
+        n = StreamNotifier(Client(conn), lambda _: None)  # type: ignore[arg-type]
+        await n.start()
+        await settle()
+        conn.release.clear()
+        n.want("a")
+        n.want("b")
+        await settle()  # the writer took {a, b} and waits on the connection
+        n.unwant("a")  # left before Redis even heard of it
+        conn.release.set()
+        await settle()
+        assert conn.sent[0] == ("SUBSCRIBE", "a", "b")
+        assert subscribed(conn.sent) == {"b"}
+        await n.stop()
+
+    asyncio.run(main())
+
+
+def test_a_stream_watched_again_while_its_unsubscribe_is_in_flight_stays() -> None:
+    async def main() -> None:
+        conn = HeldConnection()
+        n = StreamNotifier(Client(conn), lambda _: None)  # type: ignore[arg-type]
+        await n.start()
+        n.want("a")
+        await settle()
+        assert subscribed(conn.sent) == {"a"}
+        conn.release.clear()
+        n.unwant("a")
+        await settle()  # UNSUBSCRIBE a on its way
+        n.want("a")  # a new client for the same stream
+        conn.release.set()
+        await settle()
+        assert subscribed(conn.sent) == {"a"}
+        await n.stop()
+
+    asyncio.run(main())
+
+
+def test_many_streams_go_in_chunks_and_a_reconnect_subscribes_all_again() -> None:
+    async def main() -> None:
+        conn = HeldConnection()
+        n = StreamNotifier(Client(conn), lambda _: None)  # type: ignore[arg-type]
+        await n.start()
+        for i in range(1200):
+            n.want(f"s{i}")
+        await settle()
+        assert [len(c) - 1 for c in conn.sent] == [512, 512, 176]
+        conn.sent.clear()
+        await n._drop()  # what the reader does on any error
+        await n._connect()
+        await settle()
+        assert subscribed(conn.sent) == {f"s{i}" for i in range(1200)}
+        await n.stop()
+
+    asyncio.run(main())
