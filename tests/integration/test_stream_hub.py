@@ -63,13 +63,15 @@ async def _scenario(port: int, gap_ms: int, notify: bool) -> None:
         await r.aclose()
 
 
-def test_a_read_gap_bounds_the_reads_and_loses_nothing(redis_server: EmbeddedRedis) -> None:
+@pytest.mark.parametrize("notify", [False, True], ids=["blocking", "notified"])
+def test_a_read_gap_bounds_the_reads_and_loses_nothing(redis_server: EmbeddedRedis,
+                                                       notify: bool) -> None:
     """`stream_read_gap_ms`: one XREAD per gap at most while entries keep coming (each walks
     every watched stream inside Redis), every entry still delivered once, in order."""
-    asyncio.run(_gap_scenario(redis_server.port))
+    asyncio.run(_gap_scenario(redis_server.port, notify))
 
 
-async def _gap_scenario(port: int) -> None:
+async def _gap_scenario(port: int, notify: bool) -> None:
     r = aioredis.Redis(port=port, db=14, decode_responses=True)
     await r.flushdb()
     calls = 0
@@ -81,7 +83,7 @@ async def _gap_scenario(port: int) -> None:
         return await xread(*args, **kwargs)
 
     r.xread = counted  # type: ignore[method-assign]
-    hub = StreamHub(r, block_ms=200, read_gap_ms=50)
+    hub = StreamHub(r, block_ms=200, read_gap_ms=50, notify=notify, full_read_ms=60_000)
     await hub.start()
     try:
         n = 50
@@ -90,8 +92,10 @@ async def _gap_scenario(port: int) -> None:
         calls, t0 = 0, time.monotonic()
         for i in range(n):
             await r.xadd("g", {"e": "token", "n": str(i)})
+            await r.publish("g", "")
             await asyncio.sleep(0.005)
         await r.xadd("g", {"e": "done", "n": str(n)})
+        await r.publish("g", "")
         assert await asyncio.wait_for(reader, 10) == [str(i) for i in range(n + 1)]
         took = time.monotonic() - t0
         assert calls <= took / 0.05 + 3, (calls, took)  # without the gap: about one per write
