@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 IDLE_PING_S = 10.0
 # Channels per SUBSCRIBE / UNSUBSCRIBE command.
 CHUNK = 512
+# Redis refused a subscription (an ACL user without the channels): try again this much later.
+REFUSED_RETRY_S = 30.0
 
 
 class StreamNotifier:
@@ -125,7 +128,14 @@ class StreamNotifier:
             except Exception as exc:  # any failure: a fresh connection, all subscribed again
                 if self._closing:
                     return
-                log.warning("stream notifications: %s; reconnecting in %.2f s", exc, delay)
+                if isinstance(exc, ResponseError):  # e.g. NOPERM: retrying soon cannot help
+                    delay = REFUSED_RETRY_S
+                    log.warning("stream notifications: Redis refused (%s); streams are read "
+                                "at the full-read interval only. The API's Redis user needs "
+                                "the channels tokenq:job:* (ACL: &tokenq:job:*)", exc)
+                else:
+                    log.warning("stream notifications: %s; reconnecting in %.2f s", exc,
+                                delay)
                 await self._drop()
                 self.reconnects += 1
                 await asyncio.sleep(delay)

@@ -60,6 +60,6 @@ redis.call('SET', lease_key, worker .. '|' .. attempts, 'PX', lease_ms)
 redis.call('ZADD', running_key, now, job_key)
 redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'e', 'started',
            'd', cjson.encode({attempt = attempts, worker = worker}))
-redis.call('PUBLISH', events_key, '')  -- a hint for the API's stream readers
+redis.pcall('PUBLISH', events_key, '')  -- a hint for the API's readers (terminal.lua)
 return {'ok', attempts, redis.call('HGET', job_key, 'spec'),
         redis.call('HGET', job_key, 'cancel_requested') or '0'}

@@ -36,8 +36,8 @@ for i = 3, #ARGV, 4 do
   end
 end
 redis.call('HSET', job_key, 'n_tokens', n)
--- a hint for the API's stream readers (api/stream_notify.py), once per call
-if #answer > 2 then redis.call('PUBLISH', events_key, '') end
+-- a hint for the API's stream readers, once per call (pcall: see terminal.lua)
+if #answer > 2 then redis.pcall('PUBLISH', events_key, '') end
 answer[2] = n
 if redis.call('HGET', job_key, 'cancel_requested') == '1' then answer[1] = 2 end
 return answer

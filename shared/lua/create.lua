@@ -36,7 +36,7 @@ redis.call('HSET', job_key, 'tenant_queued', tenant_queued, 'msg', message)
 redis.call('LPUSH', queue_key, message)
 redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'e', 'queued',
            'd', cjson.encode({position = depth}))
-redis.call('PUBLISH', events_key, '')  -- a hint for the API's stream readers
+redis.pcall('PUBLISH', events_key, '')  -- a hint for the API's readers (terminal.lua)
 redis.call('ZADD', tenant_jobs, now, fields['id'])
 redis.call('ZADD', tenant_queued, now, fields['id'])
 redis.call('ZADD', queued_index, now, job_key)

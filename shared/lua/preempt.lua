@@ -18,5 +18,5 @@ redis.call('ZADD', queued_index, now, job_key)  -- a lost message is rescued (re
 redis.call('RPUSH', queue_key, message)  -- the consuming end: first of its lane to resume
 redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'e', 'queued',
            'd', cjson.encode({position = cjson.null}))
-redis.call('PUBLISH', events_key, '')  -- a hint for the API's stream readers
+redis.pcall('PUBLISH', events_key, '')  -- a hint for the API's readers (terminal.lua)
 return 1

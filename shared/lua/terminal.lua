@@ -68,7 +68,10 @@ local function end_job(job_key, events_key, running_key, state, fields, event, d
   redis.call('HSET', job_key, 'state', state)
   for k, v in pairs(fields) do redis.call('HSET', job_key, k, v) end
   redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'e', event, 'd', data)
-  redis.call('PUBLISH', events_key, '')  -- a hint for the API's stream readers
+  -- A hint for the API's stream readers (api/stream_notify.py). pcall: a Redis user
+  -- without rights on the channel still gets the job written whole; the API then reads
+  -- the stream at its full-read interval.
+  redis.pcall('PUBLISH', events_key, '')
   redis.call('ZREM', running_key, job_key)
   local ttl = on_terminal(job_key, state, now, default_ttl)
   redis.call('EXPIRE', job_key, ttl)

@@ -201,3 +201,51 @@ def test_subscriptions_follow_the_watched_streams(redis_server: EmbeddedRedis,
         assert await numsub() == 0
 
     run(redis_server.port, scenario, full_read_ms=SLOW_FULL_READ_MS)
+
+
+def test_a_redis_user_without_channel_rights_loses_nothing(
+        r: redis.Redis, redis_server: EmbeddedRedis, caplog: pytest.LogCaptureFixture) -> None:
+    """An ACL user with every key but no channel (Redis 7's default for a new user): the
+    scripts' PUBLISH is refused inside them (pcall), the job is still written whole, and the
+    hub, refused its SUBSCRIBE, says why once and reads at the full-read interval."""
+    user = "tokenq_nochannels"
+    r.execute_command("ACL", "SETUSER", user, "on", ">pw", "~*", "+@all", "resetchannels")
+    try:
+        limited = redis.Redis(port=redis_server.port, db=15, username=user, password="pw",
+                              decode_responses=True)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            limited.publish("x", "")  # the user really lacks the channels
+        store = JobStore(limited, Settings(stream_maxlen=1000, result_ttl_s=60))
+        job = "job_nochannels"
+        spec = JobSpec(prompt="hi", params=SamplingParams(
+            max_tokens=8, temperature=0, top_p=1, top_k=0, repetition_penalty=1))
+        store.create(job, {"id": job, "owner": "t", "model": "m", "state": "queued",
+                           "attempts": "0", "created_at": repr(time.time()),
+                           "spec": spec.model_dump_json(), "request": "{}"},
+                     tenant="t", queue="q", message=dumps({"properties": {"delivery_tag": "y"}}))
+        assert isinstance(store.acquire(job, "w1"), Acquired)
+        assert [f["e"] for _, f in r.xrange(keys.job_events(job))] == ["queued", "started"]
+        assert r.zscore(keys.tenant_jobs("t"), job) is not None  # written after the PUBLISH
+        limited.close()
+
+        async def main() -> None:
+            client = aioredis.Redis(port=redis_server.port, db=15, username=user,
+                                    password="pw", decode_responses=True)
+            hub = StreamHub(client, block_ms=200, notify=True, full_read_ms=200)
+            await hub.start()
+            try:
+                reader = asyncio.create_task(collect(hub, "plain"))
+                await asyncio.sleep(0.3)
+                for i in range(3):
+                    await client.xadd("plain", {"e": "token", "n": str(i)})
+                await client.xadd("plain", {"e": "done", "n": "3"})
+                assert await asyncio.wait_for(reader, 10) == ["0", "1", "2", "3"]
+            finally:
+                await hub.stop()
+                await client.aclose()
+
+        asyncio.run(main())
+        refused = [m for m in caplog.messages if "Redis refused" in m]
+        assert len(refused) == 1 and "&tokenq:job:*" in refused[0]
+    finally:
+        r.execute_command("ACL", "DELUSER", user)
