@@ -83,7 +83,11 @@ def stack(stack_settings: Settings) -> Iterator[Stack]:
                       # the tests' receivers listen on loopback, which webhooks refuse
                       # unless the operator allows it
                       TOKENQ_WEBHOOK_ALLOW_HOSTS="127.0.0.1",
-                      TOKENQ_API__MAX_BATCH_LINES=str(MAX_BATCH_LINES))
+                      TOKENQ_API__MAX_BATCH_LINES=str(MAX_BATCH_LINES),
+                      # Streams reach clients by their announcements alone (the full read
+                      # that covers a lost one comes a minute apart): a write that does not
+                      # announce shows up as a stalled stream in whichever test made it.
+                      TOKENQ_API__STREAM_FULL_READ_MS="60000")
     st = Stack(stack_settings, port=free_port(), workers=1,
                models=[SMOL, GEMMA, EMBED, IDLE_MODEL, NO_WORKER_MODEL], quiet=True)
     # Start workers only for the real models; IDLE_MODEL keeps its jobs queued.
