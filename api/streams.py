@@ -226,8 +226,9 @@ class StreamHub:
                 names = [key for key in self._dirty if key in self._cursor]
             else:
                 self._dirty_event.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._dirty_event.wait(), next_full - started)
+                with contextlib.suppress(TimeoutError):  # a timeout scope, not a task a wait
+                    async with asyncio.timeout(next_full - started):
+                        await self._dirty_event.wait()
                 continue
             self._dirty.clear()
             if not names:

@@ -63,11 +63,16 @@ def subscribed(sent: list[tuple[str, ...]]) -> set[str]:
     return now
 
 
+async def started() -> tuple[HeldConnection, StreamNotifier]:
+    conn = HeldConnection()
+    n = StreamNotifier(Client(conn), lambda _: None)  # type: ignore[arg-type]
+    await n.start()
+    return conn, n
+
+
 def test_a_stream_left_while_its_subscribe_is_in_flight_is_unsubscribed() -> None:
     async def main() -> None:
-        conn = HeldConnection()
-        n = StreamNotifier(Client(conn), lambda _: None)  # type: ignore[arg-type]
-        await n.start()
+        conn, n = await started()
         await settle()
         conn.release.clear()
         n.want("a")
@@ -85,9 +90,7 @@ def test_a_stream_left_while_its_subscribe_is_in_flight_is_unsubscribed() -> Non
 
 def test_a_stream_watched_again_while_its_unsubscribe_is_in_flight_stays() -> None:
     async def main() -> None:
-        conn = HeldConnection()
-        n = StreamNotifier(Client(conn), lambda _: None)  # type: ignore[arg-type]
-        await n.start()
+        conn, n = await started()
         n.want("a")
         await settle()
         assert subscribed(conn.sent) == {"a"}
@@ -105,9 +108,7 @@ def test_a_stream_watched_again_while_its_unsubscribe_is_in_flight_stays() -> No
 
 def test_many_streams_go_in_chunks_and_a_reconnect_subscribes_all_again() -> None:
     async def main() -> None:
-        conn = HeldConnection()
-        n = StreamNotifier(Client(conn), lambda _: None)  # type: ignore[arg-type]
-        await n.start()
+        conn, n = await started()
         for i in range(1200):
             n.want(f"s{i}")
         await settle()
