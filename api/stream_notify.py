@@ -1,10 +1,12 @@
 """Which watched streams have grown: Redis pub/sub hints for the API's stream hub.
 
-Every job script that adds to a job's stream also PUBLISHes an empty message on a channel
-named like the stream (`tokenq:job:{id}:events`, shared/lua/). The hub subscribes to the
-channels of the streams it watches and reads only those that were announced, so Redis'
-cost per read is the streams that moved, not every stream the replica watches (a shared
-XREAD walks all of its keys: docs/operations.md, "Sizing Redis for SSE streams").
+Every job script that adds to a job's stream also PUBLISHes on a channel named like the
+stream (`tokenq:job:{id}:events`, shared/lua/). The hub subscribes to the channels of the
+streams it watches and reads only those that were announced, so Redis' cost per read is
+the streams that moved, not every stream the replica watches (a shared XREAD walks all of
+its keys: docs/operations.md, "Sizing Redis for SSE streams"). A worker's token writes
+carry the entries themselves (shared/lua/append.lua): where the hub's cursor is where
+they start, it delivers them with no read at all.
 
 A hint is never the only way an entry reaches a client: messages sent while this
 connection was down are gone, and a worker from before this change publishes nothing.
@@ -40,10 +42,10 @@ REFUSED_RETRY_S = 30.0
 
 
 class StreamNotifier:
-    def __init__(self, redis: aioredis.Redis, on_hint: Callable[[str], None],
+    def __init__(self, redis: aioredis.Redis, on_hint: Callable[[str, str], None],
                  *, idle_ping_s: float = IDLE_PING_S) -> None:
-        """`on_hint(channel)` runs on the event loop for every message and every
-        subscribe confirmation."""
+        """`on_hint(channel, message)` runs on the event loop for every message and every
+        subscribe confirmation (message "")."""
         self._redis = redis
         self._on_hint = on_hint
         self._idle_ping_s = idle_ping_s
@@ -143,9 +145,11 @@ class StreamNotifier:
                 continue
             delay = 0.05
             pinged = False
-            if isinstance(reply, list) and len(reply) >= 2 and reply[0] in ("message",
-                                                                            "subscribe"):
-                self._on_hint(reply[1])
+            if isinstance(reply, list) and len(reply) >= 3:
+                if reply[0] == "message":
+                    self._on_hint(reply[1], reply[2] if isinstance(reply[2], str) else "")
+                elif reply[0] == "subscribe":
+                    self._on_hint(reply[1], "")
 
     async def _write(self) -> None:
         while not self._closing:

@@ -8,7 +8,9 @@ Which streams a read names (`api.stream_notify`):
 - notified (the default): only those whose pub/sub channel announced new entries since
   the last read (api/stream_notify.py), and every watched stream once per
   `full_read_ms`, which delivers whatever a lost or missing hint left behind. Redis'
-  cost per read is the streams that moved.
+  cost per read is the streams that moved. A worker's token write carries its entries
+  in the announcement: when they start at the hub's cursor they are delivered with no
+  read (`_hint`), so a running job's tokens cost the API one wake-up each.
 - blocking: an XREAD BLOCK over every watched stream (and a private wake stream that a
   new subscriber writes to). Inside Redis each wake-up walks all of them.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import uuid
@@ -62,6 +65,28 @@ RESUME_SKEW_MS = 5000
 # every cursor a client sends is checked against this before it can reach the shared XREAD.
 _ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
 _U64 = 2**64 - 1
+
+
+def announced_entries(message: str, cursor: str) -> list[Entry]:
+    """The entries a token write announced (shared/lua/append.lua: JSON [prev, id, [k, v,
+    ...], ...]) when they start right after `cursor`, else []: the caller reads instead."""
+    if not message:
+        return []
+    try:
+        got = json.loads(message)
+    except ValueError:
+        return []
+    if (not isinstance(got, list) or len(got) < 3 or len(got) % 2 != 1
+            or got[0] != cursor):
+        return []
+    entries: list[Entry] = []
+    for i in range(1, len(got), 2):
+        entry_id, flat = got[i], got[i + 1]
+        if (not isinstance(entry_id, str) or not isinstance(flat, list) or len(flat) % 2
+                or not all(isinstance(x, str) for x in flat)):
+            return []
+        entries.append((entry_id, dict(zip(flat[::2], flat[1::2], strict=True))))
+    return entries
 
 
 class BadCursor(Exception):
@@ -146,6 +171,7 @@ class StreamHub:
         self._dirty_event = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
+        self.carried = 0  # entries delivered straight from their announcement (no read)
 
     @property
     def watched(self) -> int:
@@ -186,11 +212,19 @@ class StreamHub:
         with contextlib.suppress(RedisError):
             await self._redis.xadd(self._wake_key, {"w": "1"}, maxlen=10)
 
-    def _hint(self, key: str) -> None:
-        """`key` has new entries (or was just subscribed): the next read names it."""
-        if key in self._cursor:
-            self._dirty.add(key)
-            self._dirty_event.set()
+    def _hint(self, key: str, message: str = "") -> None:
+        """`key` has new entries (or was just subscribed): delivered here if `message`
+        carries them from where this hub's cursor is, else the next read names the key."""
+        cursor = self._cursor.get(key)
+        if cursor is None:
+            return
+        entries = announced_entries(message, cursor)
+        if entries:
+            self._deliver([(key, entries)])
+            self.carried += len(entries)
+            return
+        self._dirty.add(key)
+        self._dirty_event.set()
 
     async def _run(self) -> None:
         while not self._closing:

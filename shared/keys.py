@@ -2,8 +2,9 @@
 
     tokenq:job:{id}              hash    the job record (see shared/schemas.JobRecord)
     tokenq:job:{id}:events       stream  SSE events; entry id == SSE id
-                                 (and a pub/sub channel of that name: an empty message
-                                 per write, read by api/stream_notify.py)
+                                 (and a pub/sub channel of that name: a message per
+                                 write, the token writes' carrying their entries,
+                                 read by api/stream_notify.py)
     tokenq:job:{id}:lease        string  "{worker}|{attempt}", PX = lease TTL
     tokenq:tenant:{t}:jobs       zset    job ids by creation time (listing, quotas)
     tokenq:tenant:{t}:queued     zset    the tenant's jobs still queued (per-tenant limit)

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 
 from api.streams import StreamHub
 from shared import keys
-from shared.jobs import Acquired, dumps
+from shared.jobs import Acquired, Ending, TokenWrite, dumps
 from shared.redis_server import EmbeddedRedis
 from shared.schemas import JobSpec, SamplingParams
 from shared.settings import Settings
@@ -127,6 +127,59 @@ def test_hints_carry_the_streams_and_idle_streams_cost_no_reads(
         assert hub.watched == 0
 
     run(redis_server.port, scenario, full_read_ms=SLOW_FULL_READ_MS)
+
+
+def test_token_writes_carry_their_entries(redis_server: EmbeddedRedis) -> None:
+    """The real append script announces the tokens it wrote with the id before them: the
+    hub delivers them from the message, with no XREAD, exactly as the stream holds them
+    (ids, fields, order). An entry written by anyone else in between breaks the chain: the
+    next announcement is only a hint, one read fills the gap, and the chain resumes."""
+    job = "job_carried"
+    events = keys.job_events(job)
+    store = JobStore(redis.Redis(port=redis_server.port, db=13, decode_responses=True),
+                     Settings(stream_maxlen=1000, result_ttl_s=60,
+                              worker=WorkerSettings(lease_ttl_s=60, max_attempts=3)))
+    named: list[list[str]] = []
+
+    async def scenario(r: aioredis.Redis, hub: StreamHub) -> None:
+        xread = r.xread
+
+        async def spy(streams: dict[str, str], **kwargs: Any) -> Any:
+            named.append(list(streams))
+            return await xread(streams, **kwargs)  # type: ignore[arg-type]
+
+        r.xread = spy  # type: ignore[method-assign,assignment]
+        spec = JobSpec(prompt="hi", params=SamplingParams(
+            max_tokens=32, temperature=0, top_p=1, top_k=0, repetition_penalty=1))
+        store.create(job, {"id": job, "owner": "t", "model": "m", "state": "queued",
+                           "attempts": "0", "created_at": repr(time.time()),
+                           "spec": spec.model_dump_json(), "request": "{}"},
+                     tenant="t", queue="q", message=dumps({"properties": {"delivery_tag": "c"}}))
+        got = store.acquire(job, "w1")
+        assert isinstance(got, Acquired)
+        reader = asyncio.create_task(_entries(hub, events))
+        await asyncio.sleep(0.3)  # subscribed; queued and started read
+        reads_before = len(named)
+        for step in range(10):
+            if step == 5:
+                await r.xadd(events, {"e": "note"})  # not announced by its writer
+            store.write_step({(job, got.attempt): [
+                TokenWrite(dumps({"text": f"t{i}", "index": i}), 100 + i, i)
+                for i in (2 * step, 2 * step + 1)]}, [])
+            await asyncio.sleep(0.02)
+        store.write_step({}, [Ending(job, got.attempt, "succeeded", {}, "done", "{}", 20)])
+        delivered = await asyncio.wait_for(reader, 10)
+        assert delivered == await r.xrange(events)
+        assert [f["e"] for _, f in delivered] == (
+            ["queued", "started"] + ["token"] * 10 + ["note"] + ["token"] * 10 + ["done"])
+        assert hub.carried == 18  # all tokens but the two after the unannounced entry
+        assert named[reads_before:] == [[events], [events]]  # that gap, and the done hint
+
+    run(redis_server.port, scenario, full_read_ms=SLOW_FULL_READ_MS)
+
+
+async def _entries(hub: StreamHub, key: str) -> list[tuple[str, dict[str, str]]]:
+    return [entry async for entry in hub.subscribe(key, None)]
 
 
 def test_a_writer_that_does_not_announce_is_read_by_the_full_read(

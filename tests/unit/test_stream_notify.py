@@ -5,9 +5,11 @@ connection holds each command until the test lets it go."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from api.stream_notify import StreamNotifier
+from api.streams import announced_entries
 
 
 class HeldConnection:
@@ -65,7 +67,7 @@ def subscribed(sent: list[tuple[str, ...]]) -> set[str]:
 
 async def started() -> tuple[HeldConnection, StreamNotifier]:
     conn = HeldConnection()
-    n = StreamNotifier(Client(conn), lambda _: None)  # type: ignore[arg-type]
+    n = StreamNotifier(Client(conn), lambda *_: None)  # type: ignore[arg-type]
     await n.start()
     return conn, n
 
@@ -121,3 +123,20 @@ def test_many_streams_go_in_chunks_and_a_reconnect_subscribes_all_again() -> Non
         await n.stop()
 
     asyncio.run(main())
+
+
+def test_an_announcement_is_delivered_only_from_the_hubs_cursor() -> None:
+    """A token write's announcement (shared/lua/append.lua) becomes entries only when it
+    starts at the cursor and is well formed; anything else is a hint (an empty list), so a
+    malformed or out-of-turn message can cost a read but never a gap or a wrong entry."""
+    good = json.dumps(["1-0", "1-1", ["e", "token", "d", "x"], "2-0", ["e", "token"]])
+    assert announced_entries(good, "1-0") == [("1-1", {"e": "token", "d": "x"}),
+                                              ("2-0", {"e": "token"})]
+    for message in ("", "{", "[]", '"1-0"', '{"a": 1}', json.dumps(["1-0"]),
+                    json.dumps(["1-0", "1-1"]),                       # no fields
+                    json.dumps(["1-0", "1-1", ["e"]]),                # odd fields
+                    json.dumps(["1-0", 5, ["e", "token"]]),           # id not a string
+                    json.dumps(["1-0", "1-1", ["e", 1]]),             # value not a string
+                    json.dumps(["1-0", "1-1", {"e": "token"}])):      # fields not a list
+        assert announced_entries(message, "1-0") == [], message
+    assert announced_entries(good, "0-9") == []  # the hub is elsewhere: it reads instead
