@@ -14,9 +14,12 @@ calls their typed methods.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from redis.exceptions import NoScriptError
 
 from shared import keys
 
@@ -51,11 +54,41 @@ def source(name: str) -> str:
 
 
 class Scripts:
-    """Every script registered on one client, sync or asyncio (EVALSHA, reloaded on
-    NOSCRIPT after a Redis restart, and loaded before a pipeline runs)."""
+    """Every script registered on one client, sync or asyncio: called alone, EVALSHA,
+    loaded again on NOSCRIPT (after a Redis restart or failover); queued on a pipeline, see
+    `queue`."""
 
     def __init__(self, r: Any, names: tuple[str, ...] = NAMES):
+        self._r = r
         self._scripts = {name: r.register_script(source(name)) for name in names}
 
     def __getitem__(self, name: str) -> Any:
         return self._scripts[name]
+
+    def queue(self, pipe: Any, name: str, keys: Sequence[Any], args: Sequence[Any]) -> None:
+        """Queue the script's EVALSHA on `pipe`, to execute with raise_on_error=False.
+
+        Not redis-py's Script on a pipeline: that sends SCRIPT EXISTS before every
+        execute, a round trip more each time (the worker's step write was two). Here a
+        script Redis no longer has comes back in the answers as NoScriptError (`refused`);
+        such an EVALSHA never ran, so the caller runs it again (`self[name](...)` loads the
+        script). Redis empties its script cache only whole (restart, failover, SCRIPT
+        FLUSH), so the refused calls are the pipeline's tail: running them again in order
+        keeps the pipeline's order."""
+        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+
+    def load(self, name: str) -> Any:
+        """SCRIPT LOAD (awaitable on an asyncio client)."""
+        return self._r.script_load(self._scripts[name].script)
+
+
+def refused(answers: Sequence[Any]) -> list[int]:
+    """Where a pipeline's EVALSHAs were refused for want of the script (see `queue`)."""
+    return [i for i, x in enumerate(answers) if isinstance(x, NoScriptError)]
+
+
+def raise_first_error(answers: Sequence[Any]) -> None:
+    """As a pipeline executed with raise_on_error=True would: the first error, raised."""
+    for x in answers:
+        if isinstance(x, Exception):
+            raise x

@@ -30,7 +30,7 @@ from shared.jobs import (
     TokenWrite,
 )
 from shared.schemas import JobErrorInfo
-from shared.scripts import Scripts
+from shared.scripts import Scripts, raise_first_error, refused
 from shared.settings import Settings
 
 T = TypeVar("T")
@@ -66,8 +66,11 @@ class JobStore:
         """Run the calls in one round trip; their raw answers, in order."""
         pipe = self.r.pipeline(transaction=False)
         for call in calls:
-            self._scripts[call.script](keys=call.keys, args=call.args, client=pipe)
-        got: list[Any] = pipe.execute()
+            self._scripts.queue(pipe, call.script, call.keys, call.args)
+        got: list[Any] = pipe.execute(raise_on_error=False)
+        for i in refused(got):  # never ran: again, in order, loading the script
+            got[i] = self._scripts[calls[i].script](keys=calls[i].keys, args=calls[i].args)
+        raise_first_error(got)
         return got
 
     def create(self, job_id: str, fields: dict[str, str], *, tenant: str, queue: str,
@@ -162,10 +165,15 @@ class AsyncJobStore:
         connection's writes): what the store answered, and how many replicas have it."""
         call = _create(self.s, job_id, fields, tenant, queue, message, queue_limit,
                        tenant_limit, now, idem)
-        pipe = self.r.pipeline(transaction=False)
-        await self._scripts[call.script](keys=call.keys, args=call.args, client=pipe)
-        pipe.wait(replicas, timeout_ms)
-        raw, acked = await pipe.execute()
+        for _ in range(2):
+            pipe = self.r.pipeline(transaction=False)
+            self._scripts.queue(pipe, call.script, call.keys, call.args)
+            pipe.wait(replicas, timeout_ms)
+            raw, acked = await pipe.execute(raise_on_error=False)
+            if not refused([raw]):
+                break
+            await self._scripts.load(call.script)  # the create never ran: once more
+        raise_first_error([raw, acked])
         return call.decode(raw), int(acked)
 
     async def create_many(self, lines: Sequence[NewJob | NewRejection]
@@ -187,8 +195,12 @@ class AsyncJobStore:
             return []
         pipe = self.r.pipeline(transaction=False)
         for call in calls:
-            await self._scripts[call.script](keys=call.keys, args=call.args, client=pipe)
-        got: list[Any] = await pipe.execute()
+            self._scripts.queue(pipe, call.script, call.keys, call.args)
+        got: list[Any] = await pipe.execute(raise_on_error=False)
+        for i in refused(got):  # never ran: again, in order, loading the script
+            got[i] = await self._scripts[calls[i].script](keys=calls[i].keys,
+                                                          args=calls[i].args)
+        raise_first_error(got)
         return [c.decode(x) for c, x in zip(calls, got, strict=True)]
 
     async def wait_replicated(self, replicas: int, timeout_ms: int) -> int:

@@ -117,3 +117,33 @@ def test_empty_chunk_makes_no_round_trip(redis_server: EmbeddedRedis) -> None:
             await client.aclose()
 
     assert asyncio.run(scenario()) == []
+
+
+def test_a_chunk_and_an_acked_create_survive_redis_forgetting_its_scripts(
+        r: redis.Redis, redis_server: EmbeddedRedis) -> None:
+    """After SCRIPT FLUSH (a restart or failover empties the cache) the pipelined creates
+    come back refused, never run; they are run again in order, and the chunk answers as
+    with a warm cache. So does `create_acked` (create + WAIT on one connection)."""
+    async def scenario() -> tuple[list[CreateResult | bool], CreateResult, int]:
+        client = aioredis.Redis(port=redis_server.port, db=15)
+        try:
+            s = AsyncJobStore(client, SETTINGS)
+            await client.script_flush()
+            lines = chunk("cold", 0, 0)
+            got = await s.create_many(lines)
+            await client.script_flush()
+            first = lines[0]
+            assert isinstance(first, NewJob)
+            acked = await s.create_acked(
+                "job_cold_acked", {**first.fields, "id": "job_cold_acked"}, tenant="t-cold",
+                queue="q-cold", message=dumps({"properties": {"delivery_tag": "a"}}),
+                replicas=0, timeout_ms=10)
+            return got, *acked
+        finally:
+            await client.aclose()
+
+    got, created, _ = asyncio.run(scenario())
+    assert [type(x).__name__ if not isinstance(x, bool) else x for x in got] == [
+        "Created", "Created", True, "Created", "Created", True, "Created", "Created"]
+    assert isinstance(created, Created)
+    assert r.llen("q-cold") == 7

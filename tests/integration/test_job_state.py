@@ -15,6 +15,7 @@ from shared.jobs import (
     Appended,
     Cancelled,
     Created,
+    Ended,
     Ending,
     IdemKey,
     KeyReused,
@@ -340,3 +341,35 @@ def test_publisher_flushes_a_step_only_once_it_is_in_redis(r: redis.Redis) -> No
         assert r.hget(keys.job(JOB), "n_tokens") == "3"
     finally:
         pub.stop()
+
+
+def _script_calls(r: redis.Redis) -> int:
+    stats: dict[str, dict[str, int]] = r.info("commandstats")  # type: ignore[assignment]
+    return sum(int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_script"))
+
+
+def test_a_step_is_one_round_trip_and_survives_redis_forgetting_its_scripts(
+        r: redis.Redis) -> None:
+    """A step's writes go as EVALSHA in one pipeline, with no SCRIPT EXISTS before it
+    (redis-py's pipelined scripts send one per execute: a round trip more per token step).
+    After SCRIPT FLUSH (what a restart or a failover does to the cache) the refused calls
+    are run again, loading their scripts, so no token and no ending is lost."""
+    create(r)
+    got = acquire(r)
+    assert isinstance(got, Acquired)
+    s = store(r)
+
+    def step(i: int) -> None:
+        s.write_step({(JOB, got.attempt): [TokenWrite(f'{{"text": "t{i}"}}', i, i)]}, [])
+
+    step(0)  # scripts loaded by now
+    before = _script_calls(r)
+    step(1)
+    assert _script_calls(r) == before  # no SCRIPT EXISTS, no SCRIPT LOAD
+    r.script_flush()
+    step(2)
+    _, finished = s.write_step({}, [Ending(JOB, got.attempt, "succeeded", {}, "done", "{}", 3)])
+    assert finished[0].status is Ended.ENDED
+    assert [f["e"] for _, f in r.xrange(keys.job_events(JOB))] == [
+        "queued", "started", "token", "token", "token", "done"]
+    assert r.hget(keys.job(JOB), "n_tokens") == "3"
