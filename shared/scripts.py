@@ -71,8 +71,8 @@ class Scripts:
         Not redis-py's Script on a pipeline: that sends SCRIPT EXISTS before every
         execute, a round trip more each time (the worker's step write was two). Here a
         script Redis no longer has comes back in the answers as NoScriptError (`refused`);
-        such an EVALSHA never ran, so the caller runs it again (`self[name](...)` loads the
-        script). Redis empties its script cache only whole (restart, failover, SCRIPT
+        such an EVALSHA never ran, so the caller loads the script (`load`) and sends the
+        refused calls again. Redis empties its script cache only whole (restart, failover, SCRIPT
         FLUSH), so the refused calls are the pipeline's tail: running them again in order
         keeps the pipeline's order."""
         pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)

@@ -68,8 +68,15 @@ class JobStore:
         for call in calls:
             self._scripts.queue(pipe, call.script, call.keys, call.args)
         got: list[Any] = pipe.execute(raise_on_error=False)
-        for i in refused(got):  # never ran: again, in order, loading the script
-            got[i] = self._scripts[calls[i].script](keys=calls[i].keys, args=calls[i].args)
+        again = refused(got)
+        if again:  # never ran: load their scripts, then once more, in order, in one go
+            for name in sorted({calls[i].script for i in again}):
+                self._scripts.load(name)
+            pipe = self.r.pipeline(transaction=False)
+            for i in again:
+                self._scripts.queue(pipe, calls[i].script, calls[i].keys, calls[i].args)
+            for i, x in zip(again, pipe.execute(raise_on_error=False), strict=True):
+                got[i] = x
         raise_first_error(got)
         return got
 
@@ -197,9 +204,15 @@ class AsyncJobStore:
         for call in calls:
             self._scripts.queue(pipe, call.script, call.keys, call.args)
         got: list[Any] = await pipe.execute(raise_on_error=False)
-        for i in refused(got):  # never ran: again, in order, loading the script
-            got[i] = await self._scripts[calls[i].script](keys=calls[i].keys,
-                                                          args=calls[i].args)
+        again = refused(got)
+        if again:  # never ran: load their scripts, then once more, in order, in one go
+            for name in sorted({calls[i].script for i in again}):
+                await self._scripts.load(name)
+            pipe = self.r.pipeline(transaction=False)
+            for i in again:
+                self._scripts.queue(pipe, calls[i].script, calls[i].keys, calls[i].args)
+            for i, x in zip(again, await pipe.execute(raise_on_error=False), strict=True):
+                got[i] = x
         raise_first_error(got)
         return [c.decode(x) for c, x in zip(calls, got, strict=True)]
 

@@ -353,7 +353,7 @@ def test_a_step_is_one_round_trip_and_survives_redis_forgetting_its_scripts(
     """A step's writes go as EVALSHA in one pipeline, with no SCRIPT EXISTS before it
     (redis-py's pipelined scripts send one per execute: a round trip more per token step).
     After SCRIPT FLUSH (what a restart or a failover does to the cache) the refused calls
-    are run again, loading their scripts, so no token and no ending is lost."""
+    are sent again once their scripts are loaded, so no token and no ending is lost."""
     create(r)
     got = acquire(r)
     assert isinstance(got, Acquired)
@@ -367,7 +367,9 @@ def test_a_step_is_one_round_trip_and_survives_redis_forgetting_its_scripts(
     step(1)
     assert _script_calls(r) == before  # no SCRIPT EXISTS, no SCRIPT LOAD
     r.script_flush()
+    flushed = _script_calls(r)
     step(2)
+    assert _script_calls(r) == flushed + 1  # one SCRIPT LOAD, then the step once more
     _, finished = s.write_step({}, [Ending(JOB, got.attempt, "succeeded", {}, "done", "{}", 3)])
     assert finished[0].status is Ended.ENDED
     assert [f["e"] for _, f in r.xrange(keys.job_events(JOB))] == [
