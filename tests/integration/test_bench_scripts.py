@@ -25,3 +25,9 @@ def test_step_gap_prints_the_gap_between_decodes() -> None:
 
 def test_thread_cpu_runs_with_nothing_to_watch() -> None:
     run("benchmarks/thread_cpu.py", "0.2")
+
+
+def test_step_write_prints_a_step_writes_cost() -> None:
+    out = run("benchmarks/step_write.py", "--steps", "50")
+    assert re.search(r"50 single-token step writes: wall median \d+ us, CPU \d+ us a step",
+                     out), out
