@@ -26,6 +26,19 @@ from workers.publisher import Publisher
 SLOW_FULL_READ_MS = 60_000  # hints alone must carry the test
 
 
+def running_job(store: JobStore, job: str) -> Acquired:
+    """`job` created (32 tokens at most) and acquired by worker w1."""
+    spec = JobSpec(prompt="hi", params=SamplingParams(
+        max_tokens=32, temperature=0, top_p=1, top_k=0, repetition_penalty=1))
+    store.create(job, {"id": job, "owner": "t", "model": "m", "state": "queued",
+                       "attempts": "0", "created_at": repr(time.time()),
+                       "spec": spec.model_dump_json(), "request": "{}"},
+                 tenant="t", queue="q", message=dumps({"properties": {"delivery_tag": job}}))
+    got = store.acquire(job, "w1")
+    assert isinstance(got, Acquired)
+    return got
+
+
 def test_every_script_that_writes_a_stream_announces_it(r: redis.Redis) -> None:
     """create (queued), acquire (started), append (tokens, once per call) and the terminal
     write (done) each PUBLISH on the stream's channel."""
@@ -35,14 +48,7 @@ def test_every_script_that_writes_a_stream_announces_it(r: redis.Redis) -> None:
     sub.subscribe(channel)
     store = JobStore(r, Settings(stream_maxlen=1000, result_ttl_s=60,
                                  worker=WorkerSettings(lease_ttl_s=60, max_attempts=3)))
-    spec = JobSpec(prompt="hi", params=SamplingParams(
-        max_tokens=8, temperature=0, top_p=1, top_k=0, repetition_penalty=1)).model_dump_json()
-    store.create(job, {"id": job, "owner": "t", "model": "m", "state": "queued",
-                       "attempts": "0", "created_at": repr(time.time()), "spec": spec,
-                       "request": "{}"},
-                 tenant="t", queue="q", message=dumps({"properties": {"delivery_tag": "x"}}))
-    got = store.acquire(job, "w1")
-    assert isinstance(got, Acquired)
+    got = running_job(store, job)
     publisher = Publisher(store)
     publisher.track(job, got.attempt)
     publisher.start()
@@ -90,6 +96,17 @@ async def write(r: aioredis.Redis, key: str, fields: dict[str, str], *,
         await r.publish(key, "")
 
 
+def record_reads(r: aioredis.Redis, named: list[list[str]]) -> None:
+    """From now on every XREAD on `r` appends the streams it names to `named`."""
+    xread = r.xread
+
+    async def spy(streams: dict[str, str], **kwargs: Any) -> Any:
+        named.append(list(streams))
+        return await xread(streams, **kwargs)  # type: ignore[arg-type]
+
+    r.xread = spy  # type: ignore[method-assign,assignment]
+
+
 async def collect(hub: StreamHub, key: str) -> list[str]:
     return [f["n"] async for _, f in hub.subscribe(key, None)]
 
@@ -102,13 +119,7 @@ def test_hints_carry_the_streams_and_idle_streams_cost_no_reads(
     named: list[list[str]] = []
 
     async def scenario(r: aioredis.Redis, hub: StreamHub) -> None:
-        xread = r.xread
-
-        async def spy(streams: dict[str, str], **kwargs: Any) -> Any:
-            named.append(list(streams))
-            return await xread(streams, **kwargs)  # type: ignore[arg-type]
-
-        r.xread = spy  # type: ignore[method-assign,assignment]
+        record_reads(r, named)
         idle = [asyncio.create_task(collect(hub, f"idle{i}")) for i in range(50)]
         active = asyncio.create_task(collect(hub, "active"))
         await asyncio.sleep(0.5)  # subscriptions confirmed (each a hint: one read each)
@@ -142,21 +153,8 @@ def test_token_writes_carry_their_entries(redis_server: EmbeddedRedis) -> None:
     named: list[list[str]] = []
 
     async def scenario(r: aioredis.Redis, hub: StreamHub) -> None:
-        xread = r.xread
-
-        async def spy(streams: dict[str, str], **kwargs: Any) -> Any:
-            named.append(list(streams))
-            return await xread(streams, **kwargs)  # type: ignore[arg-type]
-
-        r.xread = spy  # type: ignore[method-assign,assignment]
-        spec = JobSpec(prompt="hi", params=SamplingParams(
-            max_tokens=32, temperature=0, top_p=1, top_k=0, repetition_penalty=1))
-        store.create(job, {"id": job, "owner": "t", "model": "m", "state": "queued",
-                           "attempts": "0", "created_at": repr(time.time()),
-                           "spec": spec.model_dump_json(), "request": "{}"},
-                     tenant="t", queue="q", message=dumps({"properties": {"delivery_tag": "c"}}))
-        got = store.acquire(job, "w1")
-        assert isinstance(got, Acquired)
+        record_reads(r, named)
+        got = running_job(store, job)
         reader = asyncio.create_task(_entries(hub, events))
         await asyncio.sleep(0.3)  # subscribed; queued and started read
         reads_before = len(named)
@@ -270,13 +268,7 @@ def test_a_redis_user_without_channel_rights_loses_nothing(
             limited.publish("x", "")  # the user really lacks the channels
         store = JobStore(limited, Settings(stream_maxlen=1000, result_ttl_s=60))
         job = "job_nochannels"
-        spec = JobSpec(prompt="hi", params=SamplingParams(
-            max_tokens=8, temperature=0, top_p=1, top_k=0, repetition_penalty=1))
-        store.create(job, {"id": job, "owner": "t", "model": "m", "state": "queued",
-                           "attempts": "0", "created_at": repr(time.time()),
-                           "spec": spec.model_dump_json(), "request": "{}"},
-                     tenant="t", queue="q", message=dumps({"properties": {"delivery_tag": "y"}}))
-        assert isinstance(store.acquire(job, "w1"), Acquired)
+        running_job(store, job)
         assert [f["e"] for _, f in r.xrange(keys.job_events(job))] == ["queued", "started"]
         assert r.zscore(keys.tenant_jobs("t"), job) is not None  # written after the PUBLISH
         limited.close()
