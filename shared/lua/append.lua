@@ -49,11 +49,12 @@ for i = 3, #ARGV, 4 do
   end
 end
 redis.call('HSET', job_key, 'n_tokens', n)
--- once per call (pcall: see terminal.lua)
-if #answer > 2 + MAX_CARRIED then
-  redis.pcall('PUBLISH', events_key, '')
-elseif #answer > 2 then
-  redis.pcall('PUBLISH', events_key, cjson.encode(carried))
+-- once per call (pcall: see terminal.lua; the tokens are written by now, so nothing after
+-- them may fail the script)
+if #answer > 2 then
+  local ok, message = false, ''
+  if #answer <= 2 + MAX_CARRIED then ok, message = pcall(cjson.encode, carried) end
+  redis.pcall('PUBLISH', events_key, ok and message or '')
 end
 answer[2] = n
 if redis.call('HGET', job_key, 'cancel_requested') == '1' then answer[1] = 2 end

@@ -144,7 +144,8 @@ def test_token_writes_carry_their_entries(redis_server: EmbeddedRedis) -> None:
     """The real append script announces the tokens it wrote with the id before them: the
     hub delivers them from the message, with no XREAD, exactly as the stream holds them
     (ids, fields, order). An entry written by anyone else in between breaks the chain: the
-    next announcement is only a hint, one read fills the gap, and the chain resumes."""
+    next announcement is only a hint, one read fills the gap, and the chain resumes. A
+    write of more than 64 tokens announces itself without them (a hint)."""
     job = "job_carried"
     events = keys.job_events(job)
     store = JobStore(redis.Redis(port=redis_server.port, db=13, decode_responses=True),
@@ -165,13 +166,17 @@ def test_token_writes_carry_their_entries(redis_server: EmbeddedRedis) -> None:
                 TokenWrite(dumps({"text": f"t{i}", "index": i}), 100 + i, i)
                 for i in (2 * step, 2 * step + 1)]}, [])
             await asyncio.sleep(0.02)
-        store.write_step({}, [Ending(job, got.attempt, "succeeded", {}, "done", "{}", 20)])
+        store.write_step({(job, got.attempt): [  # 65: more than a message carries (64), a hint
+            TokenWrite(dumps({"text": "x", "index": i}), 7, i) for i in range(20, 85)]}, [])
+        await asyncio.sleep(0.02)
+        store.write_step({}, [Ending(job, got.attempt, "succeeded", {}, "done", "{}", 85)])
         delivered = await asyncio.wait_for(reader, 10)
         assert delivered == await r.xrange(events)
         assert [f["e"] for _, f in delivered] == (
-            ["queued", "started"] + ["token"] * 10 + ["note"] + ["token"] * 10 + ["done"])
+            ["queued", "started"] + ["token"] * 10 + ["note"] + ["token"] * 75 + ["done"])
         assert hub.carried == 18  # all tokens but the two after the unannounced entry
-        assert named[reads_before:] == [[events], [events]]  # that gap, and the done hint
+        # reads: that gap, the 65 tokens, the done hint
+        assert named[reads_before:] == [[events]] * 3
 
     run(redis_server.port, scenario, full_read_ms=SLOW_FULL_READ_MS)
 
