@@ -50,6 +50,15 @@ def _cancel(s: Settings, job_id: str, ttl: int | None) -> Call[Cancelled]:
                        ttl=s.result_ttl_s if ttl is None else ttl)
 
 
+def _queued(scripts: Scripts, r: Any, calls: Sequence[Call[Any]]) -> Any:
+    """A pipeline on `r` (not a transaction) with each call's EVALSHA queued
+    (Scripts.queue: execute it with raise_on_error=False)."""
+    pipe = r.pipeline(transaction=False)
+    for call in calls:
+        scripts.queue(pipe, call.script, call.keys, call.args)
+    return pipe
+
+
 class JobStore:
     """Sync: a worker's transitions (acquire, token steps, finish, leases, rescue)."""
 
@@ -58,24 +67,18 @@ class JobStore:
         self.s = settings
         self._scripts = Scripts(r)
 
-    def _run(self, call: Call[T], client: Any = None) -> T:
-        return call.decode(self._scripts[call.script](keys=call.keys, args=call.args,
-                                                      client=client))
+    def _run(self, call: Call[T]) -> T:
+        return call.decode(self._scripts[call.script](keys=call.keys, args=call.args))
 
     def _pipelined(self, calls: Sequence[Call[Any]]) -> list[Any]:
         """Run the calls in one round trip; their raw answers, in order."""
-        pipe = self.r.pipeline(transaction=False)
-        for call in calls:
-            self._scripts.queue(pipe, call.script, call.keys, call.args)
-        got: list[Any] = pipe.execute(raise_on_error=False)
-        again = refused(got)
-        if again:  # never ran: load their scripts, then once more, in order, in one go
-            for name in sorted({calls[i].script for i in again}):
+        got: list[Any] = _queued(self._scripts, self.r, calls).execute(raise_on_error=False)
+        if again := refused(got):  # never ran: load their scripts, then once more, in order
+            for name in {calls[i].script for i in again}:
                 self._scripts.load(name)
-            pipe = self.r.pipeline(transaction=False)
-            for i in again:
-                self._scripts.queue(pipe, calls[i].script, calls[i].keys, calls[i].args)
-            for i, x in zip(again, pipe.execute(raise_on_error=False), strict=True):
+            retry = _queued(self._scripts, self.r, [calls[i] for i in again])
+            retried = retry.execute(raise_on_error=False)
+            for i, x in zip(again, retried, strict=True):
                 got[i] = x
         raise_first_error(got)
         return got
@@ -173,8 +176,7 @@ class AsyncJobStore:
         call = _create(self.s, job_id, fields, tenant, queue, message, queue_limit,
                        tenant_limit, now, idem)
         for _ in range(2):
-            pipe = self.r.pipeline(transaction=False)
-            self._scripts.queue(pipe, call.script, call.keys, call.args)
+            pipe = _queued(self._scripts, self.r, [call])
             pipe.wait(replicas, timeout_ms)
             raw, acked = await pipe.execute(raise_on_error=False)
             if not refused([raw]):
@@ -200,18 +202,13 @@ class AsyncJobStore:
             for x in lines]
         if not calls:
             return []
-        pipe = self.r.pipeline(transaction=False)
-        for call in calls:
-            self._scripts.queue(pipe, call.script, call.keys, call.args)
-        got: list[Any] = await pipe.execute(raise_on_error=False)
-        again = refused(got)
-        if again:  # never ran: load their scripts, then once more, in order, in one go
-            for name in sorted({calls[i].script for i in again}):
+        got: list[Any] = await _queued(self._scripts, self.r, calls).execute(raise_on_error=False)
+        if again := refused(got):  # never ran: load their scripts, then once more, in order
+            for name in {calls[i].script for i in again}:
                 await self._scripts.load(name)
-            pipe = self.r.pipeline(transaction=False)
-            for i in again:
-                self._scripts.queue(pipe, calls[i].script, calls[i].keys, calls[i].args)
-            for i, x in zip(again, await pipe.execute(raise_on_error=False), strict=True):
+            retry = _queued(self._scripts, self.r, [calls[i] for i in again])
+            retried = await retry.execute(raise_on_error=False)
+            for i, x in zip(again, retried, strict=True):
                 got[i] = x
         raise_first_error(got)
         return [c.decode(x) for c, x in zip(calls, got, strict=True)]
