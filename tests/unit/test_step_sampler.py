@@ -16,8 +16,9 @@ from workers.engines.llamacpp_sampling import StepSampler
 
 
 class FakeSampler:
-    def __init__(self) -> None:
+    def __init__(self, fast: str | None = None) -> None:
         self.threads: list[str] = []
+        self.fast = fast
 
     def sample(self, ctx: Any, row: int) -> int:
         assert ctx == "ctx"
@@ -60,6 +61,27 @@ def test_without_a_second_core_every_row_is_sampled_here(no_llama_logits: list[A
     assert {s.threads[0] for s in samplers} == {threading.current_thread().name}
     assert no_llama_logits == []
     step.close()
+
+
+def test_fast_draws_stay_here_and_the_full_reads_are_split(
+        no_llama_logits: list[Any]) -> None:
+    """A fast draw (a dozen short numpy calls) on the engine's thread; the rows that take
+    llama.cpp's full read split in halves as before; the step's order kept."""
+    step = StepSampler(split=True)
+    try:
+        kinds = ["top_k", None, "greedy", None, None, "top_k", None]
+        samplers = [FakeSampler(k) for k in kinds]
+        assert step.sample("ctx", [(s, i) for i, s in enumerate(samplers)]) == [
+            10 * i for i in range(len(kinds))]
+        here = threading.current_thread().name
+        on_helper = [i for i, s in enumerate(samplers) if s.threads[0] != here]
+        assert on_helper == [4, 6]  # the later half of the full reads (rows 1, 3, 4, 6)
+        assert no_llama_logits == ["ctx"]
+        fast_only = [FakeSampler("top_k") for _ in range(4)] + [FakeSampler(None)]
+        step.sample("ctx", [(s, i) for i, s in enumerate(fast_only)])
+        assert {s.threads[-1] for s in fast_only} == {here}  # one full read: not split
+    finally:
+        step.close()
 
 
 def test_a_failing_row_fails_the_step_after_the_helper_is_done() -> None:

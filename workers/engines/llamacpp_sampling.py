@@ -104,6 +104,7 @@ class Sampler:
             self._one = (ll.llama_token_data * 1)()
         # the fast draw (module docstring): "greedy", "top_k", or None (the chain's own)
         self.fast = self._fast_mode(n_vocab, p)
+        self._row_type = ctypes.c_float * n_vocab
         if self.fast == "top_k":
             self.top_k = p.top_k
             self._few = (ll.llama_token_data * FAST_CANDIDATES)()
@@ -159,9 +160,12 @@ class Sampler:
                 ll.llama_sampler_accept(self.grammar, tok)
 
     def sample(self, ctx: Any, row: int) -> int:
-        if self.fast is not None:
-            logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, row),
-                                           shape=(self.n_vocab,))
+        # (np.ctypeslib.as_array builds a pointer type per call: a fifth of a fast draw)
+        at = (ctypes.cast(ll.llama_get_logits_ith(ctx, row), ctypes.c_void_p).value
+              if self.fast is not None else None)
+        if at:
+            logits = np.frombuffer(memoryview(self._row_type.from_address(at)),
+                                   dtype=np.float32)
             tok = int(np.argmax(logits)) if self.fast == "greedy" else self._draw_top_k(logits)
             if tok >= 0:
                 ll.llama_sampler_accept(self.chain, tok)
@@ -221,14 +225,17 @@ def _sample_rows(ctx: Any, rows: Sequence[tuple[Sampler, int]]) -> list[int]:
 
 
 class StepSampler:
-    """Samples a step's rows; with a second core, the later half on a helper thread.
+    """Samples a step's rows; with a second core, the later half of the rows that take
+    llama.cpp's full read on a helper thread.
 
-    A sequence's draw reads its whole row of logits (Gemma: 262k): ~0.6 ms a sequence in
-    llama.cpp's chain on the 2-core VM, ~0.2-0.3 ms with the fast draw, during which the
-    compute threads have nothing to do (they sleep after a short spin: the worker sets
-    GOMP_SPINCOUNT). Each sequence has its own sampler and
-    reads only its own row, so the two halves run side by side and each job draws exactly
-    what it would alone; llama.cpp's chains run in C with the GIL released.
+    A full read copies a sequence's whole row of logits (Gemma: 262k) into a candidate
+    array: ~0.6 ms a sequence on the 2-core VM, during which the compute threads have
+    nothing to do (they sleep after a short spin: the worker sets GOMP_SPINCOUNT). Each
+    sequence has its own sampler and reads only its own row, so the two halves run side by
+    side (llama.cpp's chain runs in C with the GIL released) and each job draws exactly what
+    it would alone. Fast draws (~0.1 ms, a dozen numpy calls) stay on the engine's thread:
+    split over two threads they spent their time handing the GIL to each other (an 8-stream
+    Gemma gap 1.53 ms split, 1.40 ms not).
     """
 
     def __init__(self, split: bool) -> None:
@@ -236,18 +243,19 @@ class StepSampler:
                         if split else None)
 
     def sample(self, ctx: Any, rows: Sequence[tuple[Sampler, int]]) -> list[int]:
-        if self._helper is None or len(rows) < 2:
+        full = [i for i, (sampler, _) in enumerate(rows) if sampler.fast is None]
+        if self._helper is None or len(full) < 2:
             return _sample_rows(ctx, rows)
         # The first read of a step's logits may reorder llama.cpp's output rows (after a
         # step split into several passes); do it here, before two threads read them.
         ll.llama_get_logits(ctx)
-        half = (len(rows) + 1) // 2
-        later = self._helper.submit(_sample_rows, ctx, rows[half:])
+        there = set(full[(len(full) + 1) // 2:])
+        later = self._helper.submit(_sample_rows, ctx, [rows[i] for i in sorted(there)])
         try:
-            first = _sample_rows(ctx, rows[:half])
+            here = iter(_sample_rows(ctx, [r for i, r in enumerate(rows) if i not in there]))
         finally:
-            rest = later.result()  # never leave the helper reading a row past this step
-        return first + rest
+            rest = iter(later.result())  # never leave the helper reading a row past this step
+        return [next(rest) if i in there else next(here) for i in range(len(rows))]
 
     def close(self) -> None:
         if self._helper is not None:
