@@ -5,6 +5,10 @@ temperature 0.7, top-k 40, top-p 0.95 (the bench's sampling); every `llama_decod
 timed, and the gap from one decode's end to the next one's start is what the step costs
 beyond the model. Steps with all of them decoding only. Usage:
     .venv/bin/python benchmarks/step_gap.py [model] [--omp-default] [--streams 8] [--rounds 2]
+                                            [--prompt-words 80]
+
+--prompt-words: `tokenq bench`'s prompts of that many words (~95 tokens at 80) instead of a
+one-line request, so that a decode here can be set beside one timed in a running worker.
 
 --omp-default: leave libgomp's idle spin as it is (the worker shortens it; see
 `idle_compute_threads_sleep` in workers/main.py), so the sampling helper finds no free core.
@@ -29,11 +33,14 @@ def main() -> None:
     parser.add_argument("--omp-default", action="store_true", help="libgomp's default spin")
     parser.add_argument("--streams", type=int, default=8, help="jobs at a time (slots)")
     parser.add_argument("--rounds", type=int, default=2, help="batches of --streams jobs")
+    parser.add_argument("--prompt-words", type=int, default=0,
+                        help="tokenq bench's prompts of this many words (0: a one-line one)")
     args = parser.parse_args()
     if not args.omp_default:
         idle_compute_threads_sleep()  # before llama.cpp loads, as the worker does
     import llama_cpp as ll
 
+    from cli.bench import prompt_text
     from shared.models import gguf_path
     from shared.schemas import SamplingParams
     from shared.settings import Settings
@@ -72,8 +79,14 @@ def main() -> None:
             for i in range(streams):
                 params = SamplingParams(max_tokens=64, temperature=0.7, top_p=0.95, top_k=40,
                                         seed=i, repetition_penalty=1.0)
-                eng.submit(EngineRequest(job_id=f"j{r}.{i}", attempt=1, params=params, messages=[
-                    {"role": "user", "content": f"Tell me a long story about the number {i}."}]))
+                job = f"j{r}.{i}"
+                if args.prompt_words:  # as the bench sends it: a completion, no template
+                    req = EngineRequest(job_id=job, attempt=1, params=params,
+                                        prompt=prompt_text(i, args.prompt_words, streams, job))
+                else:
+                    req = EngineRequest(job_id=job, attempt=1, params=params, messages=[
+                        {"role": "user", "content": f"Tell me a long story about the number {i}."}])
+                eng.submit(req)
             with cond:
                 cond.wait_for(partial(all_ended, streams * (r + 1)), timeout=600)
     finally:
@@ -81,6 +94,9 @@ def main() -> None:
     full = [m for m in marks if m[2] == streams]
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(marks)
             if a[2] == streams and b[2] == streams]
+    if not gaps:
+        print(f"{name}: no two {streams}-stream decodes in a row (jobs ended early)")
+        return
     print(f"{name}: {len(gaps)} gaps between {streams}-stream decodes: median "
           f"{statistics.median(gaps) * 1e3:.2f} ms, p90 "
           f"{sorted(gaps)[int(len(gaps) * 0.9)] * 1e3:.2f} ms; decode median "
