@@ -11,13 +11,13 @@ sample without the grammar, check only the chosen token against it, and
 apply the grammar to the whole vocabulary only when that token is rejected,
 which is rare once the model follows the format.
 
-Why the chain usually reads a few hundred candidates, not the vocabulary: llama.cpp's
-`llama_sampler_sample` copies a sequence's whole row of logits (Gemma: 262k) into a
-candidate array before top-k cuts it to k, ~0.6 ms a sequence on a 2-core VM, as long as
-a twentieth of a one-stream step. With top-k on and nothing before it in the chain that
-changes a logit (bias, penalties, grammar), the chain is given only the logits that can be
-among the k highest (`top_k_candidates`, numpy, ~0.05 ms) and draws the same token from
-the same k; greedy is numpy's argmax, the first highest logit as llama.cpp's greedy takes.
+Why the chain usually reads a hundred candidates, not the vocabulary: llama.cpp's
+`llama_sampler_sample` copies a sequence's whole row of logits (Gemma: 262k, 3 MB as
+candidates) before top-k cuts it to k. With top-k on and nothing before it in the chain
+that changes a logit (bias, penalties, grammar), the chain is given only the logits that
+can be among the k highest (`top_k_candidates`: a dozen numpy calls, 0.08 ms against the
+copy's 0.21 ms in a warm loop on the 2-core VM) and draws the same token from the same k;
+greedy is numpy's argmax, the first highest logit, as llama.cpp's greedy takes it.
 """
 
 from __future__ import annotations
@@ -229,11 +229,11 @@ class StepSampler:
     llama.cpp's full read on a helper thread.
 
     A full read copies a sequence's whole row of logits (Gemma: 262k) into a candidate
-    array: ~0.6 ms a sequence on the 2-core VM, during which the compute threads have
+    array: 0.3-0.7 ms a sequence on the 2-core VM, during which the compute threads have
     nothing to do (they sleep after a short spin: the worker sets GOMP_SPINCOUNT). Each
     sequence has its own sampler and reads only its own row, so the two halves run side by
     side (llama.cpp's chain runs in C with the GIL released) and each job draws exactly what
-    it would alone. Fast draws (~0.1 ms, a dozen numpy calls) stay on the engine's thread:
+    it would alone. Fast draws (a dozen short numpy calls) stay on the engine's thread:
     split over two threads they spent their time handing the GIL to each other (an 8-stream
     Gemma gap 1.53 ms split, 1.40 ms not).
     """
