@@ -243,8 +243,10 @@ class StepSampler:
                         if split else None)
 
     def sample(self, ctx: Any, rows: Sequence[tuple[Sampler, int]]) -> list[int]:
+        if self._helper is None or len(rows) < 2:
+            return _sample_rows(ctx, rows)
         full = [i for i, (sampler, _) in enumerate(rows) if sampler.fast is None]
-        if self._helper is None or len(full) < 2:
+        if len(full) < 2:
             return _sample_rows(ctx, rows)
         # The first read of a step's logits may reorder llama.cpp's output rows (after a
         # step split into several passes); do it here, before two threads read them.
