@@ -7,6 +7,11 @@ llama-server first, ...), so drift hits both alike. Prompts carry the round in t
 characters: no round finds an earlier round's prompts in either server's prompt cache
 (llama-server keeps one in RAM besides its slots'). Printed: every measurement, then per
 level the median tok/s ratio and TTFT p50 difference with their range.
+
+`--inprocess` adds a third peer to every round: tokenq's own engine driven in this
+process (cli/inprocess.py: no Redis, API, HTTP or worker), taking its turn in the same
+rotation. Then the engine's ratio to llama-server and tokenq's ratio to its engine (what
+the queue path costs on this host) are printed beside the first table.
 """
 
 from __future__ import annotations
@@ -24,12 +29,12 @@ from shared.models import gguf_path
 from shared.redis_server import free_port
 from shared.settings import Settings
 
-TOKENQ, PEER = "tokenq", "llama-server (C++)"
+TOKENQ, PEER, ENGINE = "tokenq", "llama-server (C++)", "engine in-process"
 
 
 def compare_rounds(settings: Settings, model: str, levels: list[int], rounds: int,
                    requests: int | None, prompt_words: int, max_tokens: int,
-                   console: Console) -> dict[str, Any]:
+                   console: Console, inprocess: bool = False) -> dict[str, Any]:
     cfg = settings.models()[model]
     binary = llama_server_binary(console)
     if binary is None:
@@ -39,6 +44,12 @@ def compare_rounds(settings: Settings, model: str, levels: list[int], rounds: in
     port = free_port()
     peer_url = f"http://127.0.0.1:{port}"
     runs: dict[str, dict[int, list[Level]]] = {TOKENQ: {}, PEER: {}}
+    engine = None
+    if inprocess:
+        from cli.inprocess import InProcess
+
+        engine = InProcess(settings, model)
+        runs[ENGINE] = {}
     stack = Stack(settings, port=free_port(), models=[model], quiet=True).start()
     try:
         stack.wait_ready()
@@ -48,9 +59,16 @@ def compare_rounds(settings: Settings, model: str, levels: list[int], rounds: in
             for r in range(rounds):
                 for c in levels:
                     order = [(TOKENQ, stack.url, "native"), (PEER, peer_url, "openai")]
-                    for name, url, api in order[::-1] if r % 2 else order:
-                        lv = run_level(url, model, c, requests or 4 * c, prompt_words,
-                                       max_tokens, api=api, stop=cfg.stop, salt=f"r{r}.")
+                    order = order[::-1] if r % 2 else order
+                    if engine is not None:  # each peer first in turn
+                        order = [(ENGINE, "", ""), *order]
+                        order = order[r % 3:] + order[:r % 3]
+                    for name, url, api in order:
+                        n = requests or 4 * c
+                        lv = (engine.run_level(c, n, prompt_words, max_tokens, salt=f"r{r}.")
+                              if name == ENGINE and engine is not None else
+                              run_level(url, model, c, n, prompt_words, max_tokens, api=api,
+                                        stop=cfg.stop, salt=f"r{r}."))
                         runs[name].setdefault(c, []).append(lv)
                         console.print(f"round {r + 1}/{rounds} c={c} {name}: "
                                       f"{lv.output_tok_s:.1f} tok/s, TTFT p50 "
@@ -58,6 +76,8 @@ def compare_rounds(settings: Settings, model: str, levels: list[int], rounds: in
                                       f"{lv.errors} errors")
     finally:
         stack.stop()
+        if engine is not None:
+            engine.close()
     return summarize(runs, levels, console)
 
 
@@ -85,4 +105,37 @@ def summarize(runs: dict[str, dict[int, list[Level]]], levels: list[int],
                       f"{row['ttft_p50_diff_median_ms']:+.0f} ms "
                       f"[{min(diffs):+.0f}, {max(diffs):+.0f}]")
     console.print(table)
+    if ENGINE in runs:
+        engine_rows(runs, out, console)
     return out
+
+
+def _ratios(ours: list[Level], theirs: list[Level]) -> tuple[float, float, float]:
+    got = [a.output_tok_s / b.output_tok_s for a, b in zip(ours, theirs, strict=True)]
+    return statistics.median(got), min(got), max(got)
+
+
+def engine_rows(runs: dict[str, dict[int, list[Level]]], out: dict[str, Any],
+                console: Console) -> None:
+    """The engine in-process against llama-server, and tokenq against its own engine (the
+    queue path's cost), round by round: medians [min-max]."""
+    table = Table(title="engine in-process / llama-server, and tokenq / engine in-process")
+    for col in ("c", "engine tok/s", "engine / llama-server", "tokenq / engine",
+                "TTFT p50, tokenq - engine"):
+        table.add_column(col, justify="right")
+    for row in out["levels"]:
+        c = row["concurrency"]
+        engine = runs[ENGINE][c]
+        vs_peer, vs_engine = _ratios(engine, runs[PEER][c]), _ratios(runs[TOKENQ][c], engine)
+        added = statistics.median(a.ttft_p50_ms - b.ttft_p50_ms
+                                  for a, b in zip(runs[TOKENQ][c], engine, strict=True))
+        row.update(engine_tok_s=statistics.median(a.output_tok_s for a in engine),
+                   engine_ratio_median=vs_peer[0], engine_ratio_min=vs_peer[1],
+                   engine_ratio_max=vs_peer[2], queue_path_ratio_median=vs_engine[0],
+                   queue_path_ratio_min=vs_engine[1], queue_path_ratio_max=vs_engine[2],
+                   queue_path_ttft_p50_added_ms=added)
+        table.add_row(str(c), f"{row['engine_tok_s']:.1f}",
+                      f"{vs_peer[0]:.3f}x [{vs_peer[1]:.3f}-{vs_peer[2]:.3f}]",
+                      f"{vs_engine[0]:.3f}x [{vs_engine[1]:.3f}-{vs_engine[2]:.3f}]",
+                      f"{added:+.0f} ms")
+    console.print(table)

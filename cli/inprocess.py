@@ -25,50 +25,63 @@ from shared.settings import ModelConfig, Settings
 from workers.engines.base import EngineRequest, StepOutput
 
 
-def run_inprocess(settings: Settings, model: str, levels: list[int], requests: int | None,
-                  prompt_words: int, max_tokens: int) -> list[Level]:
-    from workers.engines.llamacpp import LlamaCppEngine
+class InProcess:
+    """tokenq's llama.cpp engine in this process, fed straight from client threads: the
+    engine's own figures, with no Redis, API, HTTP or worker around it."""
 
-    cfg = settings.models()[model]
-    engine = LlamaCppEngine(cfg, gguf_path(cfg, settings.state_dir))
-    waiters: dict[str, tuple[threading.Event, Sample]] = {}
-    lock = threading.Lock()
+    def __init__(self, settings: Settings, model: str):
+        from workers.engines.llamacpp import LlamaCppEngine
 
-    def sink(step: StepOutput) -> None:
+        self.cfg = settings.models()[model]
+        self.engine = LlamaCppEngine(self.cfg, gguf_path(self.cfg, settings.state_dir))
+        self._waiters: dict[str, tuple[threading.Event, Sample]] = {}
+        self._lock = threading.Lock()
+        self.engine.start(self._sink)  # warms the engine up
+
+    def _sink(self, step: StepOutput) -> None:
         step.flushed.set()  # delivered: the engine need not wait
-        with lock:
+        with self._lock:
             for t in step.tokens:
-                waiters[t.job_id][1].tick()
+                self._waiters[t.job_id][1].tick()
             for f in step.finished:
-                done, sample = waiters[f.job_id]
+                done, sample = self._waiters.pop(f.job_id)
                 sample.ok = f.reason in ("stop", "length")
                 sample.prompt_tokens = f.prompt_tokens
                 sample.e2e = time.perf_counter() - sample.started
                 done.set()
 
-    engine.start(sink)
-    out = []
+    def run_level(self, c: int, n: int, prompt_words: int, max_tokens: int,
+                  salt: str = "") -> Level:
+        """n jobs from c client threads, each sending its next job when one ends (the bench's
+        prompts, as `run_level` sends them to a server)."""
+        def go(i: int) -> Sample:
+            job_id = f"inproc-{salt}{c}-{i}"
+            done, sample = threading.Event(), Sample(ok=False)
+            with self._lock:
+                self._waiters[job_id] = (done, sample)
+            self.engine.submit(EngineRequest(
+                job_id=job_id, attempt=1, prompt=prompt_text(i, prompt_words, c, salt),
+                params=_params(self.cfg, i, max_tokens)))
+            done.wait(600)
+            return sample
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=c) as pool:
+            samples = list(pool.map(go, range(n)))
+        return Level.from_samples(c, samples, time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def run_inprocess(settings: Settings, model: str, levels: list[int], requests: int | None,
+                  prompt_words: int, max_tokens: int) -> list[Level]:
+    peer = InProcess(settings, model)
     try:
-        for c in levels:
-            n = requests or max(4, 2 * c)
-
-            def go(i: int, c: int = c) -> Sample:
-                job_id = f"inproc-{c}-{i}"
-                done, sample = threading.Event(), Sample(ok=False)
-                with lock:
-                    waiters[job_id] = (done, sample)
-                engine.submit(EngineRequest(job_id=job_id, attempt=1, prompt=prompt_text(
-                    i, prompt_words, c), params=_params(cfg, i, max_tokens)))
-                done.wait(600)
-                return sample
-
-            t0 = time.perf_counter()
-            with ThreadPoolExecutor(max_workers=c) as pool:
-                samples = list(pool.map(go, range(n)))
-            out.append(Level.from_samples(c, samples, time.perf_counter() - t0))
+        return [peer.run_level(c, requests or max(4, 2 * c), prompt_words, max_tokens)
+                for c in levels]
     finally:
-        engine.close()
-    return out
+        peer.close()
 
 
 def _params(cfg: ModelConfig, i: int, max_tokens: int) -> SamplingParams:

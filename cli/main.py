@@ -191,6 +191,10 @@ def bench(
     rounds: Annotated[int, typer.Option(
         help="with --compare: N rounds against C++ llama-server, both up, levels "
         "interleaved; medians and ranges")] = 1,
+    inprocess: Annotated[bool, typer.Option(
+        "--inprocess", help="with --compare --rounds: tokenq's engine in-process (no queue) "
+        "as a third peer in every round: the engine vs llama-server, tokenq vs its engine")]
+    = False,
     long_prompt: Annotated[bool, typer.Option(
         "--long-prompt", help="p95 ITL of 7 streams before vs during a ~2,000-token prefill")]
     = False,
@@ -274,7 +278,7 @@ def bench(
         from cli.compare_vllm import compare_vllm
 
         out = (compare_rounds(settings, model, levels, rounds, requests, prompt_words,
-                              max_tokens, Console()) if rounds > 1 and not vllm else
+                              max_tokens, Console(), inprocess) if rounds > 1 and not vllm else
                (compare_vllm if vllm else run_compare)(
                    settings, model, levels, requests, prompt_words, max_tokens, budget,
                    Console()))

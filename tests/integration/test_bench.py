@@ -46,6 +46,21 @@ def test_paired_ttft_produces_figures(tmp_path: Path) -> None:
     assert math.isfinite(out["added_p50_ms"]) and math.isfinite(out["added_mean_ms"])
 
 
+def test_the_inprocess_peer_produces_figures(tmp_path: Path) -> None:
+    """`--compare --rounds N --inprocess`'s third peer: the engine fed from client threads,
+    a level per call (salted prompts, as the rounds send them)."""
+    from cli.inprocess import InProcess
+
+    peer = InProcess(Settings(state_dir=tmp_path, redis_url=None), SMOL)
+    try:
+        for salt in ("r0.", "r1."):
+            lv = peer.run_level(2, 3, prompt_words=20, max_tokens=4, salt=salt)
+            assert (lv.requests, lv.errors) == (3, 0)
+            assert lv.output_tok_s > 0 and lv.ttft_p50_ms > 0 and math.isfinite(lv.itl_p50_ms)
+    finally:
+        peer.close()
+
+
 def test_openai_peer_path_produces_figures(stack: Stack) -> None:
     """The path every peer is measured through (a streamed /v1/completions), here against
     tokenq's own OpenAI surface: llama-server and `vllm serve` take the same requests."""

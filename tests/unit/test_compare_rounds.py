@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from cli.bench import Level, prompt_text
-from cli.compare_rounds import PEER, TOKENQ, summarize
+from cli.compare_rounds import ENGINE, PEER, TOKENQ, summarize
 
 
 def level(c: int, tok_s: float, ttft_ms: float) -> Level:
@@ -26,6 +26,20 @@ def test_medians_and_ranges_of_paired_rounds() -> None:
     assert (row["ttft_p50_diff_min_ms"], row["ttft_p50_diff_max_ms"]) == (-100, 100)
     assert row["tokenq_tok_s"] == 140 and row["peer_tok_s"] == 125
     assert len(out["rounds"][TOKENQ][8]) == 3
+
+
+def test_the_engine_in_process_against_both() -> None:
+    runs = {TOKENQ: {8: [level(8, 90, 900), level(8, 100, 800), level(8, 120, 700)]},
+            PEER: {8: [level(8, 100, 700), level(8, 100, 800), level(8, 100, 800)]},
+            ENGINE: {8: [level(8, 100, 600), level(8, 125, 700), level(8, 110, 700)]}}
+    row = summarize(runs, [8], Console(quiet=True))["levels"][0]
+    assert row["engine_tok_s"] == 110
+    assert (row["engine_ratio_median"], row["engine_ratio_min"],
+            row["engine_ratio_max"]) == (1.1, 1.0, 1.25)
+    assert row["queue_path_ratio_median"] == 0.9  # 0.9, 0.8, 120/110: round by round
+    assert row["queue_path_ratio_min"] == 0.8
+    assert row["queue_path_ttft_p50_added_ms"] == 100  # 300, 100, 0
+    assert row["ratio_median"] == 1.0  # the first table's figures are unchanged
 
 
 def test_rounds_never_repeat_a_prompt() -> None:
