@@ -4,8 +4,8 @@ Celery gives a worker a new message only when one of its slot threads is free, a
 its lanes high first; with every slot running low-priority jobs, an interactive one would
 wait for the first of them to end (a 256-token batch line: tens of seconds on a CPU).
 The preemptor looks at its model's lanes: each step's write counts them in its own round
-trip while every slot is taken (Publisher.watch), and the preemptor reads them itself only
-when no step was written for `preempt_poll_s` (a long prefill). While every slot is
+trip (Publisher.watch), and the preemptor reads them itself only when no step was written
+for `preempt_poll_s` (a long prefill, an idle engine). While every slot is
 taken and jobs wait in a lane above some running job's, it hands that many of the
 lowest-lane jobs back, the fewest times preempted first, then the most recently started
 (shared/lua/preempt.lua: `queued` again, tokens kept, `preemptions` + 1). Their slot
@@ -115,8 +115,7 @@ class Preemptor:
     def start(self) -> None:
         if self.settings.worker.preempt_max <= 0:
             return
-        self.publisher.watch([keys.queue(self.model, lane) for lane in LANES], self.hear,
-                             lambda: len(self._running()) >= self.engine.slots)
+        self.publisher.watch([keys.queue(self.model, lane) for lane in LANES], self.hear)
         self._thread = threading.Thread(target=self._run, name="tokenq-preempt", daemon=True)
         self._thread.start()
 
@@ -152,13 +151,10 @@ class Preemptor:
             except Exception:
                 log.exception("preemption check failed")
 
-    def _running(self) -> list[JobHandle]:
-        return [h for h in self.publisher.tracked() if not h.released and not h.done.is_set()]
-
     def poll(self, waiting: Mapping[str, int] | None = None) -> list[str]:
         """Preempt what the waiting jobs need now (`waiting`: per lane, as a step's write
         counted them; None: read the lanes); the ids preempted."""
-        handles = self._running()
+        handles = [h for h in self.publisher.tracked() if not h.released and not h.done.is_set()]
         if not handles or len(handles) < self.engine.slots or not self.engine.healthy():
             return []  # a free slot: Celery hands it the waiting job by itself
         pipe = self.r.pipeline(transaction=False)

@@ -116,9 +116,8 @@ class Publisher:
         self._dropped: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         self._stopping = False
-        # Lists counted in a step's write, who hears the counts, and when (`watch`).
-        self._watch: tuple[list[str], Callable[[list[int]], None], Callable[[], bool]] | None
-        self._watch = None
+        # Lists counted in every step's write, and who hears the counts (`watch`).
+        self._watch: tuple[list[str], Callable[[list[int]], None]] | None = None
         self._thread = threading.Thread(target=self._run, name="tokenq-publisher", daemon=True)
 
     def start(self) -> None:
@@ -129,12 +128,11 @@ class Publisher:
         self._steps.put(None)
         self._thread.join(timeout=10)
 
-    def watch(self, lists: Sequence[str], hear: Callable[[list[int]], None],
-              when: Callable[[], bool]) -> None:
-        """Count `lists` (queue lanes) in the round trip of each step's write made while
-        `when()` holds, and hand the counts to `hear` on this thread, right after the write
-        (the preemptor's lanes while every slot is taken: it needs no reads of its own)."""
-        self._watch = (list(lists), hear, when)
+    def watch(self, lists: Sequence[str], hear: Callable[[list[int]], None]) -> None:
+        """Count `lists` (queue lanes) in the round trip of every step's write and hand
+        the counts to `hear` on this thread, right after the write (the preemptor's lanes:
+        while steps come, it needs no reads of its own)."""
+        self._watch = (list(lists), hear)
 
     def track(self, job_id: str, attempt: int, emitted: list[str] | None = None) -> JobHandle:
         """Follow a job; `emitted` is the text an earlier attempt already streamed."""
@@ -227,7 +225,7 @@ class Publisher:
                     handle.remember(w, t.text)
         now = time.time()
         endings = [self._ending(f) for f in step.finished]
-        watch = self._watch if self._watch is not None and self._watch[2]() else None
+        watch = self._watch
         t_write = time.time()
         appended, ended, lengths = self._store.write_step(tokens, endings,
                                                           watch[0] if watch else ())
