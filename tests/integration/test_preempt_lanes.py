@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any
 from unittest.mock import MagicMock
 
@@ -57,7 +56,7 @@ def test_the_lanes_come_with_the_steps_writes(r: redis.Redis) -> None:
     polled: list[dict[str, int] | None] = []
     real_poll = preemptor.poll
 
-    def poll(waiting: Mapping[str, int] | None = None) -> list[str]:
+    def poll(waiting: dict[str, int] | None = None) -> list[str]:
         polled.append(None if waiting is None else dict(waiting))
         return real_poll(waiting)
 
