@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
@@ -50,14 +50,6 @@ def _cancel(s: Settings, job_id: str, ttl: int | None) -> Call[Cancelled]:
                        ttl=s.result_ttl_s if ttl is None else ttl)
 
 
-class StepWrite(NamedTuple):
-    """What a step's write answered: per job, per ending, and the lengths it was asked for."""
-
-    appended: list[AppendResult]
-    ended: list[FinishResult]
-    lengths: list[int]
-
-
 def _queued(scripts: Scripts, r: Any, calls: Sequence[Call[Any]]) -> Any:
     """A pipeline on `r` (not a transaction) with each call's EVALSHA queued
     (Scripts.queue: execute it with raise_on_error=False)."""
@@ -78,13 +70,9 @@ class JobStore:
     def _run(self, call: Call[T]) -> T:
         return call.decode(self._scripts[call.script](keys=call.keys, args=call.args))
 
-    def _pipelined(self, calls: Sequence[Call[Any]], lengths: Sequence[str] = ()) -> list[Any]:
-        """Run the calls in one round trip, with an LLEN of each list in `lengths` after
-        them; their raw answers, in order."""
-        pipe = _queued(self._scripts, self.r, calls)
-        for name in lengths:
-            pipe.llen(name)
-        got: list[Any] = pipe.execute(raise_on_error=False)
+    def _pipelined(self, calls: Sequence[Call[Any]]) -> list[Any]:
+        """Run the calls in one round trip; their raw answers, in order."""
+        got: list[Any] = _queued(self._scripts, self.r, calls).execute(raise_on_error=False)
         if again := refused(got):  # never ran: load their scripts, then once more, in order
             for name in {calls[i].script for i in again}:
                 self._scripts.load(name)
@@ -117,21 +105,17 @@ class JobStore:
         return got.status is Ended.ENDED
 
     def write_step(self, tokens: Mapping[tuple[str, int], Sequence[TokenWrite]],
-                   endings: Sequence[Ending], lengths: Sequence[str] = ()) -> StepWrite:
+                   endings: Sequence[Ending]) -> tuple[list[AppendResult], list[FinishResult]]:
         """One round trip for an engine step: every job's (job id, attempt) tokens, then
         every ending. Each write is fenced by its attempt on its own; the answers say where
-        each stream really ends (workers/publisher.py re-sends what a failover lost).
-        `lengths`: lists (queues) counted in the same round trip (the preemptor's lanes)."""
+        each stream really ends (workers/publisher.py re-sends what a failover lost)."""
         s = self.s
         appends = [jobs.append(job_id, attempt, toks, maxlen=s.stream_maxlen)
                    for (job_id, attempt), toks in tokens.items()]
         finishes = [jobs.finish(e, maxlen=s.stream_maxlen, ttl=s.result_ttl_s) for e in endings]
-        got = self._pipelined([*appends, *finishes], lengths)
-        n = len(appends) + len(finishes)
-        return StepWrite(
-            [c.decode(x) for c, x in zip(appends, got[:len(appends)], strict=True)],
-            [c.decode(x) for c, x in zip(finishes, got[len(appends):n], strict=True)],
-            [int(x) for x in got[n:]])
+        got = self._pipelined([*appends, *finishes])
+        return ([c.decode(x) for c, x in zip(appends, got[:len(appends)], strict=True)],
+                [c.decode(x) for c, x in zip(finishes, got[len(appends):], strict=True)])
 
     def renew(self, leases: Sequence[tuple[str, int]], worker: str) -> list[bool]:
         """Renew (or take back) the leases of (job id, attempt): True where still held."""

@@ -3,9 +3,7 @@
 Celery gives a worker a new message only when one of its slot threads is free, and takes
 its lanes high first; with every slot running low-priority jobs, an interactive one would
 wait for the first of them to end (a 256-token batch line: tens of seconds on a CPU).
-The preemptor looks at its model's lanes: each step's write counts them in its own round
-trip (Publisher.watch), and the preemptor reads them itself only when no step was written
-for `preempt_poll_s` (a long prefill, an idle engine). While every slot is
+The preemptor looks at its model's lanes every `preempt_poll_s`: while every slot is
 taken and jobs wait in a lane above some running job's, it hands that many of the
 lowest-lane jobs back, the fewest times preempted first, then the most recently started
 (shared/lua/preempt.lua: `queued` again, tokens kept, `preemptions` + 1). Their slot
@@ -37,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -57,7 +54,6 @@ log = logging.getLogger(__name__)
 
 # Lanes, highest first (shared/keys.PRIORITIES); a job may preempt those after its own.
 RANK = {p: i for i, p in enumerate(keys.PRIORITIES)}
-LANES = keys.PRIORITIES[:-1]  # the lanes a waiting job may preempt from: none below the last
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,11 +98,6 @@ class Preemptor:
     metrics: WorkerMetrics | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
-    # What the last step's write counted in the lanes (`hear`): when, and the counts of the
-    # last one in which a job waited (set with _news).
-    _heard_at: float = float("-inf")
-    _heard: dict[str, int] = field(default_factory=dict)
-    _news: threading.Event = field(default_factory=threading.Event)
 
     @property
     def r(self) -> redis.Redis:
@@ -115,34 +106,17 @@ class Preemptor:
     def start(self) -> None:
         if self.settings.worker.preempt_max <= 0:
             return
-        self.publisher.watch([keys.queue(self.model, lane) for lane in LANES], self.hear)
         self._thread = threading.Thread(target=self._run, name="tokenq-preempt", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._news.set()
-
-    def hear(self, counts: list[int]) -> None:
-        """On the publisher's thread, after each step's write: the lanes' lengths, counted
-        in that write's round trip. Wakes the preemptor only when a job waits."""
-        self._heard_at = time.monotonic()
-        if any(counts):
-            self._heard = dict(zip(LANES, counts, strict=True))
-            self._news.set()
 
     def _run(self) -> None:
-        poll_s = self.settings.worker.preempt_poll_s
         failing = False
-        while not self._stop.is_set():
-            news = self._news.wait(poll_s)
-            self._news.clear()
-            if self._stop.is_set():
-                return
-            if not news and time.monotonic() - self._heard_at < poll_s:
-                continue  # a step's write counted the lanes since: none waited
+        while not self._stop.wait(self.settings.worker.preempt_poll_s):
             try:
-                self.poll(self._heard if news else None)
+                self.poll()
                 failing = False
             except redis.RedisError as exc:  # Redis away: nothing to preempt for meanwhile
                 if not failing:
@@ -151,17 +125,16 @@ class Preemptor:
             except Exception:
                 log.exception("preemption check failed")
 
-    def poll(self, waiting: Mapping[str, int] | None = None) -> list[str]:
-        """Preempt what the waiting jobs need now (`waiting`: per lane, as a step's write
-        counted them; None: read the lanes); the ids preempted."""
+    def poll(self) -> list[str]:
+        """Preempt what the waiting jobs need now; the ids preempted."""
         handles = [h for h in self.publisher.tracked() if not h.released and not h.done.is_set()]
         if not handles or len(handles) < self.engine.slots or not self.engine.healthy():
             return []  # a free slot: Celery hands it the waiting job by itself
+        lanes = keys.PRIORITIES[:-1]  # nothing ranks below the last lane
         pipe = self.r.pipeline(transaction=False)
-        if waiting is None:
-            for lane in LANES:
-                pipe.llen(keys.queue(self.model, lane))
-            waiting = dict(zip(LANES, (int(n) for n in pipe.execute()), strict=True))
+        for lane in lanes:
+            pipe.llen(keys.queue(self.model, lane))
+        waiting = dict(zip(lanes, (int(n) for n in pipe.execute()), strict=True))
         if not any(waiting.values()):
             return []
         for h in handles:

@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import redis
@@ -116,8 +116,6 @@ class Publisher:
         self._dropped: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         self._stopping = False
-        # Lists counted in every step's write, and who hears the counts (`watch`).
-        self._watch: tuple[list[str], Callable[[list[int]], None]] | None = None
         self._thread = threading.Thread(target=self._run, name="tokenq-publisher", daemon=True)
 
     def start(self) -> None:
@@ -127,12 +125,6 @@ class Publisher:
         self._stopping = True
         self._steps.put(None)
         self._thread.join(timeout=10)
-
-    def watch(self, lists: Sequence[str], hear: Callable[[list[int]], None]) -> None:
-        """Count `lists` (queue lanes) in the round trip of every step's write and hand
-        the counts to `hear` on this thread, right after the write (the preemptor's lanes:
-        while steps come, it needs no reads of its own)."""
-        self._watch = (list(lists), hear)
 
     def track(self, job_id: str, attempt: int, emitted: list[str] | None = None) -> JobHandle:
         """Follow a job; `emitted` is the text an earlier attempt already streamed."""
@@ -225,13 +217,9 @@ class Publisher:
                     handle.remember(w, t.text)
         now = time.time()
         endings = [self._ending(f) for f in step.finished]
-        watch = self._watch
         t_write = time.time()
-        appended, ended, lengths = self._store.write_step(tokens, endings,
-                                                          watch[0] if watch else ())
+        appended, ended = self._store.write_step(tokens, endings)
         t_done = time.time()
-        if watch is not None:
-            watch[1](lengths)
         for job_id in {*(j for j, _ in tokens), *(f.job_id for f in step.finished)}:
             handle = self._handles.get(job_id)
             if handle is not None:
@@ -309,7 +297,7 @@ class Publisher:
             retry = [i for i, got in enumerate(ended) if got.status is Ended.SHORT]
             if not resend and not retry:
                 return
-            got_a, got_e, _ = self._store.write_step(resend, [endings[i] for i in retry])
+            got_a, got_e = self._store.write_step(resend, [endings[i] for i in retry])
             self._appended(resend, got_a)
             ends = {job: got.stream_end for job, got in zip(resend, got_a, strict=True)
                     if got.status is not Appended.FENCED}
@@ -321,7 +309,7 @@ class Publisher:
             for i in short:
                 log.error("job %s: its stream stays short of the tokens sent; ending it "
                           "unchecked", endings[i].job_id)
-            _, got_e, _ = self._store.write_step(
+            _, got_e = self._store.write_step(
                 {}, [replace(endings[i], tokens=None) for i in short])
             for i, got in zip(short, got_e, strict=True):
                 ended[i] = got

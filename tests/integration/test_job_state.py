@@ -370,7 +370,7 @@ def test_a_step_is_one_round_trip_and_survives_redis_forgetting_its_scripts(
     flushed = _script_calls(r)
     step(2)
     assert _script_calls(r) == flushed + 1  # one SCRIPT LOAD, then the step once more
-    finished = s.write_step({}, [Ending(JOB, got.attempt, "succeeded", {}, "done", "{}", 3)]).ended
+    _, finished = s.write_step({}, [Ending(JOB, got.attempt, "succeeded", {}, "done", "{}", 3)])
     assert finished[0].status is Ended.ENDED
     assert [f["e"] for _, f in r.xrange(keys.job_events(JOB))] == [
         "queued", "started", "token", "token", "token", "done"]
