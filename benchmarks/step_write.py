@@ -3,7 +3,8 @@ one token, as the publisher sends it after every step of a single-stream job.
 
 Starts a private Redis (no persistence) in a temporary folder, runs N steps, and prints
 the median wall time per step and the CPU this process spent per step (Python, redis-py,
-the socket calls). Usage:
+the socket calls), then Redis' own time per call of the append script (`INFO
+commandstats`: its XADD, PUBLISH and HGETs included). Usage:
     .venv/bin/python benchmarks/step_write.py [--steps 3000]
 """
 
@@ -52,12 +53,15 @@ def main() -> None:
                     TokenWrite(dumps({"text": "tok", "index": i}), 5, i)]}, [])
                 walls.append(time.perf_counter() - t0)
             cpu = time.process_time() - cpu0
+            script = r.info("commandstats").get("cmdstat_evalsha", {})
             r.close()
         finally:
             server.stop()
     print(f"{n} single-token step writes: wall median "
           f"{1e6 * statistics.median(walls[n // 10:]):.0f} us, "
           f"CPU {1e6 * cpu / n:.0f} us a step (this process)")
+    print(f"Redis: {script.get('usec_per_call', float('nan')):.1f} us per script call "
+          f"({script.get('calls', 0)} calls: the appends, the job's create and acquire)")
 
 
 if __name__ == "__main__":

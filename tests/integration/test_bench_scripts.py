@@ -35,3 +35,4 @@ def test_step_write_prints_a_step_writes_cost() -> None:
     out = run("benchmarks/step_write.py", "--steps", "50")
     assert re.search(r"50 single-token step writes: wall median \d+ us, CPU \d+ us a step",
                      out), out
+    assert re.search(r"Redis: [\d.]+ us per script call \(5\d calls", out), out
