@@ -133,7 +133,9 @@ class WorkerSettings(BaseModel):
     # handed back to their queue (`queued` again, tokens kept) and later continued from
     # their tokens like a takeover, so interactive traffic does not wait behind a batch.
     # A job is preempted at most preempt_max times (then it runs to its end); 0 turns
-    # preemption off. The waiting lanes are checked every preempt_poll_s. At 2, a burst
+    # preemption off. The preemptor looks at the lanes when a job is put on one (each
+    # script that does so publishes on the lane's name), every preempt_poll_s while jobs
+    # wait there or a preemption settles, and every 0.25 s otherwise. At 2, a burst
     # of interactive arrivals found every batch job in a slot at its bound within seconds
     # (docs/benchmarks.md, 2026-11-26 evening); a preempted job resumes first in its lane,
     # with its KV kept in host memory on a llama.cpp worker, so 4 costs little.

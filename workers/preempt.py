@@ -3,8 +3,10 @@
 Celery gives a worker a new message only when one of its slot threads is free, and takes
 its lanes high first; with every slot running low-priority jobs, an interactive one would
 wait for the first of them to end (a 256-token batch line: tens of seconds on a CPU).
-The preemptor looks at its model's lanes every `preempt_poll_s`: while every slot is
-taken and jobs wait in a lane above some running job's, it hands that many of the
+The preemptor looks at its model's lanes when a script puts a job on one of them (each
+publishes on the lane's name: create, requeue, hand-back, preempt), every `preempt_poll_s`
+while jobs wait there or a preemption settles, and otherwise every IDLE_POLL_S. While
+every slot is taken and jobs wait in a lane above some running job's, it hands that many of the
 lowest-lane jobs back, the fewest times preempted first, then the most recently started
 (shared/lua/preempt.lua: `queued` again, tokens kept, `preemptions` + 1). Their slot
 threads end, take the waiting jobs (lanes are consumed high first), and the preempted
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 
 import redis
 from celery import Celery
+from redis.client import PubSub
 
 from shared import keys
 from shared.celery_app import task_message
@@ -54,6 +57,18 @@ log = logging.getLogger(__name__)
 
 # Lanes, highest first (shared/keys.PRIORITIES); a job may preempt those after its own.
 RANK = {p: i for i, p in enumerate(keys.PRIORITIES)}
+LANES = keys.PRIORITIES[:-1]  # the lanes whose jobs may preempt: none ranks below the last
+# How often the lanes are read when no news came and nothing waited at the last look: a
+# push that no script announced (kombu restoring an unacked message) waits at most this.
+IDLE_POLL_S = 0.25
+
+
+def _closed(pubsub: PubSub | None) -> None:
+    if pubsub is not None:
+        try:
+            pubsub.close()
+        except (redis.RedisError, OSError):
+            pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +113,7 @@ class Preemptor:
     metrics: WorkerMetrics | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _saw_waiting: bool = False  # the last look found jobs in a higher lane
 
     @property
     def r(self) -> redis.Redis:
@@ -110,32 +126,58 @@ class Preemptor:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stop.set()  # the loop ends within IDLE_POLL_S
 
     def _run(self) -> None:
+        """Wake on the lanes' news (every script that puts a job on a lane publishes on the
+        lane's name), else every preempt_poll_s while jobs wait or a preemption settles,
+        else every IDLE_POLL_S (a push no script announced: kombu restoring a message)."""
+        lanes = [keys.queue(self.model, lane) for lane in LANES]
+        pubsub: PubSub | None = None
         failing = False
-        while not self._stop.wait(self.settings.worker.preempt_poll_s):
+        timeout = 0.0
+        while not self._stop.is_set():
             try:
+                if pubsub is None:
+                    pubsub = self.r.pubsub(  # type: ignore[no-untyped-call]
+                        ignore_subscribe_messages=True)
+                    pubsub.subscribe(*lanes)
+                if pubsub.get_message(timeout=timeout) is not None:
+                    while pubsub.get_message(timeout=0) is not None:
+                        pass  # a burst of arrivals: one look at the lanes for all of them
                 self.poll()
                 failing = False
+                timeout = (self.settings.worker.preempt_poll_s if self._settling()
+                           else IDLE_POLL_S)
             except redis.RedisError as exc:  # Redis away: nothing to preempt for meanwhile
                 if not failing:
                     log.warning("preemption paused (Redis unavailable: %s)", exc)
                 failing = True
+                _closed(pubsub)
+                pubsub = None
+                self._stop.wait(self.settings.worker.preempt_poll_s)
             except Exception:
                 log.exception("preemption check failed")
+                self._stop.wait(self.settings.worker.preempt_poll_s)
+        _closed(pubsub)
+
+    def _settling(self) -> bool:
+        """Jobs waited at the last look, or a preempted job's slot is not free yet."""
+        return self._saw_waiting or any(h.released and not h.done.is_set()
+                                        for h in self.publisher.tracked())
 
     def poll(self) -> list[str]:
         """Preempt what the waiting jobs need now; the ids preempted."""
+        self._saw_waiting = False
         handles = [h for h in self.publisher.tracked() if not h.released and not h.done.is_set()]
         if not handles or len(handles) < self.engine.slots or not self.engine.healthy():
             return []  # a free slot: Celery hands it the waiting job by itself
-        lanes = keys.PRIORITIES[:-1]  # nothing ranks below the last lane
         pipe = self.r.pipeline(transaction=False)
-        for lane in lanes:
+        for lane in LANES:
             pipe.llen(keys.queue(self.model, lane))
-        waiting = dict(zip(lanes, (int(n) for n in pipe.execute()), strict=True))
-        if not any(waiting.values()):
+        waiting = dict(zip(LANES, (int(n) for n in pipe.execute()), strict=True))
+        self._saw_waiting = any(waiting.values())
+        if not self._saw_waiting:
             return []
         for h in handles:
             pipe.hmget(keys.job(h.job_id), ["priority", "preemptions"])

@@ -34,6 +34,7 @@ for k, v in pairs(fields) do redis.call('HSET', job_key, k, v) end
 -- the record names its tenant's queued set, so scripts that only know the job can leave it
 redis.call('HSET', job_key, 'tenant_queued', tenant_queued, 'msg', message)
 redis.call('LPUSH', queue_key, message)
+redis.pcall('PUBLISH', queue_key, '')  -- news for the model's preemptors (workers/preempt.py)
 redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'e', 'queued',
            'd', cjson.encode({position = depth}))
 redis.pcall('PUBLISH', events_key, '')  -- a hint for the API's readers (terminal.lua)

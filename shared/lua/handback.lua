@@ -9,4 +9,5 @@ redis.call('DEL', lease_key)
 if redis.call('HGET', job_key, 'state') ~= 'running' then return 0 end
 redis.call('HSET', job_key, 'msg', message)
 redis.call('RPUSH', queue_key, message)  -- the consuming end (kombu BRPOPs the tail)
+redis.pcall('PUBLISH', queue_key, '')  -- news for the model's preemptors (workers/preempt.py)
 return 1

@@ -16,6 +16,7 @@ redis.call('HINCRBY', job_key, 'preemptions', 1)
 redis.call('ZREM', running_key, job_key)
 redis.call('ZADD', queued_index, now, job_key)  -- a lost message is rescued (requeue.lua)
 redis.call('RPUSH', queue_key, message)  -- the consuming end: first of its lane to resume
+redis.pcall('PUBLISH', queue_key, '')  -- news for the model's preemptors (workers/preempt.py)
 redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'e', 'queued',
            'd', cjson.encode({position = cjson.null}))
 redis.pcall('PUBLISH', events_key, '')  -- a hint for the API's readers (terminal.lua)

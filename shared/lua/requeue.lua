@@ -25,4 +25,5 @@ if old then
 end
 redis.call('HSET', job_key, 'msg', message)
 redis.call('RPUSH', queue_key, message)  -- the consuming end: a takeover does not wait its turn
+redis.pcall('PUBLISH', queue_key, '')  -- news for the model's preemptors (workers/preempt.py)
 return 1

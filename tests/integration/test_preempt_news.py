@@ -1,0 +1,102 @@
+"""The preemptor hears of a waiting job when it is put on a lane (real Redis, the real
+scripts): every script that pushes a lane publishes on the lane's name, the preemptor looks
+at once instead of at its next poll, and without news it polls slowly."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+from unittest.mock import MagicMock
+
+import pytest
+import redis
+
+from shared import keys
+from shared.store import JobStore
+from tests.integration.test_job_state import JOB, MSG2, SETTINGS, acquire, attempt_of, create
+from workers import preempt
+from workers.preempt import LANES, Preemptor
+from workers.publisher import Publisher
+
+MODEL = "m-news"
+HIGH = keys.queue(MODEL, "high")
+
+
+def news_of(r: redis.Redis, channel: str) -> Any:
+    sub = r.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    sub.subscribe(channel)
+    sub.get_message(timeout=1)  # the confirmation
+    return sub
+
+
+def test_each_script_that_pushes_a_lane_announces_it(r: redis.Redis) -> None:
+    store = JobStore(r, SETTINGS)
+    sub = news_of(r, "q")  # the tests' jobs queue on "q"
+    create(r)
+    assert attempt_of(acquire(r, "w1")) == 1
+    assert store.hand_back(JOB, "w1", 1, "q", MSG2)
+    assert attempt_of(acquire(r, "w2")) == 2
+    assert store.preempt(JOB, "w2", 2, "q", MSG2)
+    assert attempt_of(acquire(r, "w3")) == 3
+    r.delete(keys.job_lease(JOB), "q")  # w3 died and its message is gone: the rescue
+    assert store.requeue(JOB, "q", MSG2)
+    got = []
+    while (msg := sub.get_message(timeout=0.5)) is not None:
+        got.append(msg["channel"])
+    assert got == ["q"] * 4  # create, hand-back, preempt, requeue
+    sub.close()
+
+
+def test_a_job_put_on_a_lane_wakes_the_preemptor_at_once(
+        r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    slow = 30.0  # both polls this slow: only the news can explain a prompt look
+    monkeypatch.setattr(preempt, "IDLE_POLL_S", slow)
+    settings = SETTINGS.model_copy(
+        update={"worker": SETTINGS.worker.model_copy(update={"preempt_poll_s": slow})})
+    publisher = Publisher(JobStore(r, settings))
+    engine = MagicMock(slots=1)
+    engine.healthy.return_value = True
+    preemptor = Preemptor(JobStore(r, settings), settings, celery=MagicMock(),
+                          publisher=publisher, engine=engine, model=MODEL, worker_id="w1")
+    looks: list[tuple[float, dict[str, int]]] = []
+    lock = threading.Lock()
+    real_poll = preemptor.poll
+
+    def poll() -> list[str]:
+        with lock:
+            looks.append((time.monotonic(), {lane: r.llen(keys.queue(MODEL, lane))
+                                             for lane in LANES}))
+        return real_poll()
+
+    preemptor.poll = poll  # type: ignore[method-assign]
+    handle = publisher.track("job-a", 1)
+    handle.preemptable = False  # every slot taken, and nothing is ever sent back here
+    preemptor.start()
+    try:
+        time.sleep(0.5)
+        # its first looks (one per lane's subscribe confirmation); then nothing waits and
+        # no news comes
+        assert 1 <= len(looks) <= 1 + len(LANES)
+
+        t0 = time.monotonic()
+        JobStore(r, settings).create(
+            "job-h", {"id": "job-h", "owner": "t", "model": MODEL, "state": "queued",
+                      "attempts": "0", "created_at": repr(time.time()), "spec": "{}",
+                      "request": "{}"}, tenant="t", queue=HIGH, message=MSG2)
+        deadline = t0 + 5
+        while time.monotonic() < deadline and not any(w["high"] for _, w in looks):
+            time.sleep(0.005)
+        seen = next(t for t, w in looks if w["high"])
+        assert seen - t0 < 2.0  # at once, not at its next look (30 s on)
+        # jobs wait (here none can be preempted): it looks again every preempt_poll_s
+        n = len(looks)
+        time.sleep(0.5)
+        assert len(looks) <= n + 1
+    finally:
+        preemptor.stop()
+        r.publish(HIGH, "")  # wakes it to see the stop (its polls are 30 s apart here)
+        assert preemptor._thread is not None
+        preemptor._thread.join(5)
+        assert not preemptor._thread.is_alive()
+
