@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -114,6 +115,7 @@ class Preemptor:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _saw_waiting: bool = False  # the last look found jobs in a higher lane
+    _last_look: float = float("-inf")  # time.monotonic() of the last look
 
     @property
     def r(self) -> redis.Redis:
@@ -130,9 +132,11 @@ class Preemptor:
 
     def _run(self) -> None:
         """Wake on the lanes' news (every script that puts a job on a lane publishes on the
-        lane's name), else every preempt_poll_s while jobs wait or a preemption settles,
-        else every IDLE_POLL_S (a push no script announced: kombu restoring a message)."""
+        lane's name), at most once per preempt_poll_s; else every preempt_poll_s while jobs
+        wait or a preemption settles, else every IDLE_POLL_S (a push no script announced:
+        kombu restoring a message)."""
         lanes = [keys.queue(self.model, lane) for lane in LANES]
+        poll_s = self.settings.worker.preempt_poll_s
         pubsub: PubSub | None = None
         failing = False
         timeout = 0.0
@@ -143,22 +147,25 @@ class Preemptor:
                         ignore_subscribe_messages=True)
                     pubsub.subscribe(*lanes)
                 if pubsub.get_message(timeout=timeout) is not None:
+                    # at most one look per preempt_poll_s, however fast jobs arrive; a
+                    # burst of arrivals gets one look for all of them
+                    self._stop.wait(self._last_look + poll_s - time.monotonic())
                     while pubsub.get_message(timeout=0) is not None:
-                        pass  # a burst of arrivals: one look at the lanes for all of them
+                        pass
+                self._last_look = time.monotonic()
                 self.poll()
                 failing = False
-                timeout = (self.settings.worker.preempt_poll_s if self._settling()
-                           else IDLE_POLL_S)
+                timeout = poll_s if self._settling() else IDLE_POLL_S
             except redis.RedisError as exc:  # Redis away: nothing to preempt for meanwhile
                 if not failing:
                     log.warning("preemption paused (Redis unavailable: %s)", exc)
                 failing = True
                 _closed(pubsub)
                 pubsub = None
-                self._stop.wait(self.settings.worker.preempt_poll_s)
+                self._stop.wait(poll_s)
             except Exception:
                 log.exception("preemption check failed")
-                self._stop.wait(self.settings.worker.preempt_poll_s)
+                self._stop.wait(poll_s)
         _closed(pubsub)
 
     def _settling(self) -> bool:
