@@ -251,8 +251,9 @@ class StepSampler:
         # The first read of a step's logits may reorder llama.cpp's output rows (after a
         # step split into several passes); do it here, before two threads read them.
         ll.llama_get_logits(ctx)
-        there = set(full[(len(full) + 1) // 2:])
-        later = self._helper.submit(_sample_rows, ctx, [rows[i] for i in sorted(there)])
+        later_rows = full[(len(full) + 1) // 2:]
+        there = set(later_rows)
+        later = self._helper.submit(_sample_rows, ctx, [rows[i] for i in later_rows])
         try:
             here = iter(_sample_rows(ctx, [r for i, r in enumerate(rows) if i not in there]))
         finally:
