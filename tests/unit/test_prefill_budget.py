@@ -106,3 +106,21 @@ def test_batch_prompts_only_ever_go_in_bounded_chunks() -> None:
     run(small, decoding=7, steps=40)  # a learned chunk above background_tokens is used
     assert small.chunk_tokens() > 16
     assert sum(small.split(batch[:2])) == small.chunk_tokens()
+
+
+def test_batch_decoders_sit_out_the_step_of_a_whole_interactive_prompt() -> None:
+    """On a CPU a prompt step beside the batch's decoders costs what the two steps would
+    apart: the prompt goes in alone (the batch keeps its streams, one step later), never
+    two steps running, and streams someone watches stay in."""
+    b = PrefillBudget(slots=8, n_batch=512, itl_ratio=1.5, min_chunk=8)
+    batch = [Want(1, prefilling=False, background=True)] * 6
+    watched = [Want(1, prefilling=False)]
+    prompt = [Want(40, prefilling=True, whole=True)]
+    assert b.split(batch + watched + prompt) == [0] * 6 + [1, 40]
+    assert b.split(batch + watched + prompt) == [1] * 7 + [40]  # not two steps running
+    assert b.split(batch + watched) == [1] * 7
+    assert b.split(batch + prompt) == [0] * 6 + [40]
+    assert b.split(batch + prompt) == [1] * 6 + [40]
+    # a batch prompt does not bench them, nor does a chunk of a long one
+    assert b.split([*batch, Want(200, prefilling=True, background=True)]) == [1] * 6 + [8]
+    assert b.split([*batch, Want(300, prefilling=True)]) == [1] * 6 + [8]

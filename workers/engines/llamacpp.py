@@ -14,7 +14,8 @@ llama-server). Every step:
    prompts: short ones (`prefill_whole_tokens`) whole, all whole while as many jobs
    wait for their first token as decode, else chunks that keep the step within
    `prefill_itl_ratio` times a decode-only step (chunked prefill, budget.py); batch
-   (low-priority) prompts only in chunks of at most that or `batch_prefill_tokens`;
+   (low-priority) prompts only in chunks of at most that or `batch_prefill_tokens`, and
+   batch streams sit out a step that takes another job's whole prompt;
 3. llama_decode once; sample each sequence from its own row with its own
    sampler chain (JSON-schema grammar, penalties, top-k, top-p, temperature,
    seeded dist);
@@ -297,7 +298,8 @@ class LlamaCppEngine:
         # Decoders first: one token each keeps every stream moving every step. Prompts
         # (oldest first) share what the prefill budget leaves (budget.py). An urgent
         # (interactive) prompt and a short one go first and whole; a background (batch)
-        # prompt only ever in chunks, so no step grows long on work nobody waits for.
+        # prompt only ever in chunks, so no step grows long on work nobody waits for, and
+        # the batch's decoders sit out a step that takes such a whole prompt (budget.py).
         def whole(s: Seq) -> bool:
             return not s.req.background and (
                 s.req.urgent or len(s.tokens) <= self.cfg.prefill_whole_tokens)
@@ -305,10 +307,10 @@ class LlamaCppEngine:
         order = sorted((s for s in self._active.values()
                         if s.group == group and s.leader is None),
                        key=lambda s: (s.prefilling, not whole(s)))
-        decoding = sum(1 for s in order if not s.prefilling)
         takes = self.budget.split([Want(len(s.tokens), s.prefilling, whole(s), s.req.background)
                                    for s in order])
         plan = [(s, s.tokens[:k]) for s, k in zip(order, takes, strict=True) if k]
+        decoding = sum(1 for s, _ in plan if not s.prefilling)
         # Rows in sequence-id order: with a KV stream per slot, llama.cpp packs a step's
         # sequences into one ubatch only while their ids run consecutively upwards, and
         # splits the step at every other place (a graph pass per piece, each reading all
