@@ -20,7 +20,8 @@ max_attempts (shared/lua/acquire.lua). `preempt_max = 0` turns preemption off.
 
 The freed slot is held (`preempt_hold_s`, where the engine can: llama.cpp): the engine
 publishes the cancel and starts no step until the waiting job arrives, so its prompt goes
-into the very next step rather than behind one more step of the batch.
+into the very next step rather than behind one more step of the batch; the batch's streams
+sit that step out (workers/engines/budget.py), so it is no longer than the prompt's own.
 
 A llama.cpp worker keeps the preempted job's KV cells in host memory
 (workers/engines/llamacpp_ramcache.py) when the waiting job takes its slot: resumed on
@@ -62,6 +63,11 @@ LANES = keys.PRIORITIES[:-1]  # the lanes whose jobs may preempt: none ranks bel
 # How often the lanes are read when no news came and nothing waited at the last look: a
 # push that no script announced (kombu restoring an unacked message) waits at most this.
 IDLE_POLL_S = 0.25
+# News is looked at once, unless the last look was this recent: a flood of creates costs
+# at most 1/NEWS_GAP_S looks a second (each one LLEN per lane), and an arrival waits for
+# its look at most this long (with preempt_poll_s here, 50 ms, 5 of 16 interactive arrivals
+# beside a batch waited 17-50 ms for theirs).
+NEWS_GAP_S = 0.01
 
 
 def _closed(pubsub: PubSub | None) -> None:
@@ -132,7 +138,7 @@ class Preemptor:
 
     def _run(self) -> None:
         """Wake on the lanes' news (every script that puts a job on a lane publishes on the
-        lane's name), at most once per preempt_poll_s; else every preempt_poll_s while jobs
+        lane's name), at most once per NEWS_GAP_S; else every preempt_poll_s while jobs
         wait or a preemption settles, else every IDLE_POLL_S (a push no script announced:
         kombu restoring a message)."""
         lanes = [keys.queue(self.model, lane) for lane in LANES]
@@ -147,9 +153,9 @@ class Preemptor:
                         ignore_subscribe_messages=True)
                     pubsub.subscribe(*lanes)
                 if pubsub.get_message(timeout=timeout) is not None:
-                    # at most one look per preempt_poll_s, however fast jobs arrive; a
-                    # burst of arrivals gets one look for all of them
-                    self._stop.wait(self._last_look + poll_s - time.monotonic())
+                    # at most one look per NEWS_GAP_S, however fast jobs arrive; a burst
+                    # of arrivals gets one look for all of them
+                    self._stop.wait(self._last_look + NEWS_GAP_S - time.monotonic())
                     while pubsub.get_message(timeout=0) is not None:
                         pass
                 self._last_look = time.monotonic()

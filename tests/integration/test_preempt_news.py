@@ -85,13 +85,18 @@ def test_a_job_put_on_a_lane_wakes_the_preemptor_at_once(
         seen = next(t for t, w in looks if w["high"])
         assert seen - t0 < 2.0  # at once, not at its next look (30 s on)
 
-        # a job waits (none here can be preempted): it looks every preempt_poll_s, and a
-        # flood of news does not make it look more often than that
+        # a job waits (none here can be preempted): a flood of news does not make it look
+        # more often than once per NEWS_GAP_S
         n, t1 = len(looks), time.monotonic()
         for _ in range(100):  # news every 5 ms
             r.publish(HIGH, "")
             time.sleep(0.005)
         window = time.monotonic() - t1
+        assert 3 <= len(looks) - n <= window / preempt.NEWS_GAP_S + 2
+        # without news, while the job waits: every preempt_poll_s
+        n, t2 = len(looks), time.monotonic()
+        time.sleep(0.5)
+        window = time.monotonic() - t2
         assert 3 <= len(looks) - n <= window / poll_s + 2
     finally:
         preemptor.stop()
