@@ -36,3 +36,11 @@ def test_step_write_prints_a_step_writes_cost() -> None:
     assert re.search(r"50 single-token step writes: wall median \d+ us, CPU \d+ us a step",
                      out), out
     assert re.search(r"Redis: [\d.]+ us per script call \(5\d calls", out), out
+
+
+def test_mixed_waits_splits_an_interactive_first_tokens_wait() -> None:
+    out = run("benchmarks/mixed_waits.py", "smollm2-135m-instruct", "--quick")
+    assert re.search(r"idle: 2 interactive jobs", out), out
+    for part in (r"record to acquired \(slot wait\)", "acquired to first token in Redis",
+                 "TTFT"):
+        assert re.search(part + r" +median +\d+ \[\d+-\d+\]  p95 +\d+", out), out
