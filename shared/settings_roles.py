@@ -142,8 +142,9 @@ class WorkerSettings(BaseModel):
     # so 4 costs little.
     preempt_max: int = Field(default=4, ge=0)
     preempt_poll_s: float = Field(default=0.05, gt=0)
-    # The engine then starts no step until the job it preempted for arrives, for at most
-    # this long (the time to publish the cancel and fetch that job); 0: no hold.
+    # The engine then stops the batch's step under way (llama.cpp; computed again next
+    # step) and starts no step until the job it preempted for arrives, for at most this
+    # long (the time to publish the cancel and fetch that job); 0: no hold, no stop.
     preempt_hold_s: float = Field(default=0.25, ge=0)
 
     # Each worker serves its engine metrics here (0: a free port; advertised in heartbeats).

@@ -23,9 +23,14 @@ from shared.settings import ModelConfig
 log = logging.getLogger("workers.engines.llamacpp")  # llama.cpp's own log lines
 
 
+_ABORTED = (b"failed to decode, ret = 2", b"compute status: 1", b"failed with error 1")
+
+
 @ll.llama_log_callback  # type: ignore[untyped-decorator]
 def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # noqa: ARG001
-    if level == 4:  # GGML_LOG_LEVEL_ERROR
+    # GGML_LOG_LEVEL_ERROR, but not the two lines of a step stopped on purpose
+    # (workers/engines/llamacpp_context.StepAbort)
+    if level == 4 and not text.rstrip().endswith(_ABORTED):
         log.error("llama.cpp: %s", text.decode(errors="replace").rstrip())
 
 

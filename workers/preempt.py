@@ -19,9 +19,11 @@ preempted attempt bumps the job's attempt number (the fence) but not its count a
 max_attempts (shared/lua/acquire.lua). `preempt_max = 0` turns preemption off.
 
 The freed slot is held (`preempt_hold_s`, where the engine can: llama.cpp): the engine
-publishes the cancel and starts no step until the waiting job arrives, so its prompt goes
-into the very next step rather than behind one more step of the batch; the batch's streams
-sit that step out (workers/engines/budget.py), so it is no longer than the prompt's own.
+stops the step under way (workers/engines/llamacpp_context.StepAbort: its tokens are
+computed again next step), publishes the cancel and starts no step until the waiting job
+arrives, so its prompt goes into the very next step rather than behind the rest of a
+batch step; the batch's streams sit that step out (workers/engines/budget.py), so it is no
+longer than the prompt's own.
 
 A llama.cpp worker keeps the preempted job's KV cells in host memory
 (workers/engines/llamacpp_ramcache.py) when the waiting job takes its slot: resumed on

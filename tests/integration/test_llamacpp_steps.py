@@ -153,3 +153,44 @@ def test_batch_streams_sit_out_the_step_that_prefills_an_interactive_prompt(
     assert sorted(set(steps[at])) == [2, 3], steps[at]  # the prompt and the watched stream
     assert sorted(set(steps[at + 1])) == [0, 1, 2, 3], steps[at + 1]
     assert sorted(set(steps[at - 1])) == [0, 1, 2], steps[at - 1]
+
+
+def test_a_hold_stops_the_step_under_way_and_no_text_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preemption's hold stops the batch's step under way (the interactive job then waits
+    for no step to end): llama_decode returns 2, the step's KV cells are dropped and its
+    tokens computed again in the next step, so a greedy stream's text is its text alone.
+    A step that prefills a prompt someone waits for is not stopped."""
+    eng, col = start_engine(tmp_path, n_parallel=2, prefix_cache=False)
+    real = ll.llama_decode
+    codes: list[int] = []
+    armed: list[int] = []  # the call at which the preemptor's messages go in
+
+    def spy(ctx: object, batch: ll.llama_batch) -> int:
+        if armed and len(codes) == armed[0]:  # as if they came while this step runs
+            eng.cancel("victim")
+            eng.hold(30.0)
+        elif armed and batch.n_tokens > 2:  # the urgent prompt's step: not to be stopped
+            eng.hold(0.0)  # (by a second arrival's hold)
+        codes.append(int(real(ctx, batch)))
+        return codes[-1]
+
+    try:
+        eng.submit(request("alone", PROMPTS[2], max_tokens=24))
+        col.wait(["alone"])
+        monkeypatch.setattr(ll, "llama_decode", spy)
+        victim = request("victim", PROMPTS[0], max_tokens=2000)
+        victim.background = True
+        eng.submit(victim)
+        eng.submit(request("stream", PROMPTS[2], max_tokens=24))
+        with col.cond:
+            assert col.cond.wait_for(lambda: len(col.ids.get("stream", [])) > 4, 60)
+            armed.append(len(codes) + 1)
+        col.wait(["victim"])
+        eng.submit(request("urgent", PROMPTS[1], max_tokens=2))
+        col.wait(["urgent", "stream"])
+    finally:
+        eng.close()
+    assert codes.count(2) == 1 and eng.aborted_steps == 1, codes
+    assert col.finished["victim"].reason == "cancelled"
+    assert col.output("stream") == col.output("alone")

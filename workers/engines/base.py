@@ -98,8 +98,8 @@ class Engine(Protocol):
     the caller's thread (workers/tasks.guard_grammar marks the job meanwhile, so a
     grammar that crashes the process fails its job as poison instead of killing the
     next worker). One that batches steps itself may have `hold(seconds: float) -> None`:
-    a preemption freed a slot for a job on its way; start no step without it meanwhile
-    (workers/preempt.py)."""
+    a preemption freed a slot for a job on its way; stop the step under way if it can,
+    and start no step without that job meanwhile (workers/preempt.py)."""
 
     backend: str
     slots: int

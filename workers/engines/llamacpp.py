@@ -55,12 +55,12 @@ from workers.engines.base import (
 )
 from workers.engines.budget import PrefillBudget, Want
 from workers.engines.detok import Released, TextStream
-from workers.engines.llamacpp_context import create_context, fill, threads_of
+from workers.engines.llamacpp_context import StepAbort, create_context, fill, threads_of
 from workers.engines.llamacpp_inbox import Inbox
 from workers.engines.llamacpp_lora import LoraSet, pick_group
 from workers.engines.llamacpp_ramcache import RamCache
 from workers.engines.llamacpp_sampling import Sampler, StepSampler, check_grammar
-from workers.engines.llamacpp_seq import Seq, fork, share_prefill
+from workers.engines.llamacpp_seq import Seq, fork, share_prefill, undo
 from workers.engines.llamacpp_slots import SlotPool
 
 __all__ = ["LlamaCppEngine", "Vocab"]
@@ -85,6 +85,7 @@ class LlamaCppEngine:
                                     cfg.prefill_min_chunk, cfg.batch_prefill_tokens)
         self.prompt_tokens_total = 0
         self.prefix_reused_tokens = 0
+        self.aborted_steps = 0  # steps stopped under way for a held slot
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._sink: Sink | None = None
@@ -97,6 +98,7 @@ class LlamaCppEngine:
                            n_gpu_layers=self.cfg.n_gpu_layers)
         ctx = create_context(self.vocab.model, self.cfg, self.slots)
         self.ctx = ctx
+        self.abort = StepAbort(ctx)
         self.mem = ll.llama_get_memory(ctx)
         self.batch = ll.llama_batch_init(self.cfg.n_batch, 0, 1)
         self.lora = LoraSet(self.vocab.model, ctx)
@@ -133,9 +135,12 @@ class LlamaCppEngine:
         self._inbox.put("submit", request)
 
     def hold(self, seconds: float) -> None:
-        """A slot is being freed for a job on its way (workers/preempt.py): once the
-        cancels before this are done, start no step without that job for up to `seconds`,
-        so it joins the very next step rather than waiting a whole step for the next."""
+        """A slot is being freed for a job on its way (workers/preempt.py): stop the step
+        under way (its tokens are computed again next step), and once the cancels before
+        this are done, start no step without that job for up to `seconds`, so it joins the
+        next step without waiting for the batch's step to end."""
+        if getattr(self, "abort", None) is not None:
+            self.abort.request()
         self._inbox.put("hold", seconds)
 
     def cancel(self, job_id: str) -> None:
@@ -311,6 +316,8 @@ class LlamaCppEngine:
                                    for s in order])
         plan = [(s, s.tokens[:k]) for s, k in zip(order, takes, strict=True) if k]
         decoding = sum(1 for s, _ in plan if not s.prefilling)
+        # a hold may stop this step unless it carries a prompt someone waits for
+        stoppable = all(s.req.background or not s.prefilling for s, _ in plan)
         # Rows in sequence-id order: with a KV stream per slot, llama.cpp packs a step's
         # sequences into one ubatch only while their ids run consecutively upwards, and
         # splits the step at every other place (a graph pass per piece, each reading all
@@ -324,7 +331,13 @@ class LlamaCppEngine:
                 rows.append((seq, n - 1))
         batch.n_tokens = n
         t0 = time.perf_counter()
+        self.abort.running(stoppable)
         rc = ll.llama_decode(self.ctx, batch)
+        self.abort.done()
+        if rc == 2:  # stopped for a job on its way (hold): as if the step never ran
+            undo(self.mem, plan)
+            self.aborted_steps += 1
+            return
         self.budget.observe(decoding, n - decoding, time.perf_counter() - t0)
         if rc != 0:
             log.error("llama_decode returned %d; failing %d jobs", rc, len(self._active))

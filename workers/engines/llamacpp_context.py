@@ -2,12 +2,15 @@
 
 One context with n_seq_max = slots and a KV stream per sequence (each gets n_ctx / slots
 cells, as in llama-server); compute threads as configured (every core by default); flash
-attention as llama-server's `auto` unless the model entry says otherwise.
+attention as llama-server's `auto` unless the model entry says otherwise; and a way to
+stop a step under way (StepAbort).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import threading
 from typing import Any
 
 import llama_cpp as ll
@@ -36,6 +39,46 @@ def create_context(model: Any, cfg: ModelConfig, slots: int) -> Any:
     if not ctx:
         raise RuntimeError("llama.cpp could not create a context")
     return ctx
+
+
+class StepAbort:
+    """Stops the llama_decode under way, from any thread, between two of its graph nodes.
+
+    llama.cpp's compute asks an abort callback after every node (~800 a step); a Python
+    callback would take the GIL each time, so the callback is libc's strlen on a two-byte
+    flag: C only, 0 (run on) or 1 (stop). An aborted llama_decode returns 2 and drops the
+    KV cells of the ubatch it stopped in; the engine drops the rest of the step's and plans
+    the next step afresh (workers/engines/llamacpp.py). Only a step the engine marks
+    stoppable is stopped: not one that carries a prompt someone waits for (a second
+    interactive arrival must not throw away the first one's prefill)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._flag = ctypes.create_string_buffer(2)
+        strlen = ctypes.cast(ctypes.CDLL(None).strlen, ctypes.c_void_p).value
+        if strlen is None:
+            raise RuntimeError("libc's strlen was not found")
+        self._callback = ll.ggml_abort_callback(strlen)  # kept: llama.cpp holds a pointer
+        ll.llama_set_abort_callback(ctx, self._callback,
+                                    ctypes.cast(self._flag, ctypes.c_void_p))
+        self._lock = threading.Lock()
+        self._stoppable = False
+
+    def running(self, stoppable: bool) -> None:
+        """The engine thread, right before llama_decode: may request() stop this step?"""
+        with self._lock:
+            self._stoppable = stoppable
+
+    def done(self) -> None:
+        """The engine thread, once llama_decode returned: nothing runs to be stopped."""
+        with self._lock:
+            self._stoppable = False
+            self._flag[0] = b"\0"
+
+    def request(self) -> None:
+        """Stop the step under way, if it is stoppable."""
+        with self._lock:
+            if self._stoppable:
+                self._flag[0] = b"x"
 
 
 def fill(batch: Any, n: int, tokens: list[int], pos0: int, seq_id: int) -> int:

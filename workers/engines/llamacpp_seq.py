@@ -91,3 +91,13 @@ def fork(mem: Any, active: Iterable[Seq], rows: list[tuple[Seq, int]]) -> list[t
             forked.append((f, done[id(f.leader)]))
             f.leader = None
     return forked
+
+
+def undo(mem: Any, plan: list[tuple[Seq, list[int]]]) -> None:
+    """A step that was stopped (llama_decode returned 2): each sequence's input back as it
+    was, and its KV cells from the step's first position dropped (llama.cpp dropped those
+    of the ubatch it stopped in, not those of any before it)."""
+    for seq, take in plan:
+        seq.n_past -= len(take)
+        seq.tokens = take + seq.tokens
+        ll.llama_memory_seq_rm(mem, seq.seq_id, seq.n_past, -1)
