@@ -28,7 +28,7 @@ _ABORTED = (b"failed to decode, ret = 2", b"compute status: 1", b"failed with er
 
 @ll.llama_log_callback  # type: ignore[untyped-decorator]
 def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # noqa: ARG001
-    # GGML_LOG_LEVEL_ERROR, but not the two lines of a step stopped on purpose
+    # GGML_LOG_LEVEL_ERROR, but not the lines of a step stopped on purpose
     # (workers/engines/llamacpp_context.StepAbort)
     if level == 4 and not text.rstrip().endswith(_ABORTED):
         log.error("llama.cpp: %s", text.decode(errors="replace").rstrip())

@@ -24,7 +24,7 @@ they sit that step out (never two steps running), so the first token waits for t
 prompt alone. On a CPU a step's cost is about the sum of its rows' (prefill is bound by
 compute, not by reading the weights), so a prompt step plus a decode step cost the batch
 what the two in one step would: measured beside 7 batch streams, the step that carried an
-interactive prompt took ~150 ms against ~100 ms for the prompt alone.
+interactive prompt took ~135-150 ms against ~95-100 ms for the prompt alone.
 """
 
 from __future__ import annotations

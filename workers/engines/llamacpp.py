@@ -139,9 +139,9 @@ class LlamaCppEngine:
         under way (its tokens are computed again next step), and once the cancels before
         this are done, start no step without that job for up to `seconds`, so it joins the
         next step without waiting for the batch's step to end."""
+        self._inbox.put("hold", seconds)  # first: the stopped step's loop must find it
         if getattr(self, "abort", None) is not None:
             self.abort.request()
-        self._inbox.put("hold", seconds)
 
     def cancel(self, job_id: str) -> None:
         self._inbox.put("cancel", job_id)
