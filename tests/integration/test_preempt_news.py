@@ -79,11 +79,10 @@ def test_a_job_put_on_a_lane_wakes_the_preemptor_at_once(
             "job-h", {"id": "job-h", "owner": "t", "model": MODEL, "state": "queued",
                       "attempts": "0", "created_at": repr(time.time()), "spec": "{}",
                       "request": "{}"}, tenant="t", queue=HIGH, message=MSG2)
-        deadline = t0 + 5
+        deadline = t0 + 2.0  # at once, not at its next look (30 s on)
         while time.monotonic() < deadline and not any(w["high"] for _, w in looks):
             time.sleep(0.005)
-        seen = next(t for t, w in looks if w["high"])
-        assert seen - t0 < 2.0  # at once, not at its next look (30 s on)
+        assert any(w["high"] for _, w in looks), looks
 
         # a job waits (none here can be preempted): a flood of news does not make it look
         # more often than once per NEWS_GAP_S
