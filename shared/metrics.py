@@ -59,6 +59,9 @@ class WorkerMetrics:
         self.preemptions = Counter("tokenq_preemptions_total",
                                    "Running jobs handed back for a higher-priority job",
                                    ["model"], registry=r)
+        self.steps_stopped = Counter("tokenq_engine_steps_stopped_total",
+                                     "Engine steps stopped under way for an interactive job "
+                                     "(their rows are computed again)", ["model"], registry=r)
         self.prompt_tokens = Counter("tokenq_prompt_tokens_total", "Prompt tokens prefilled",
                                      ["model"], registry=r)
         self.generation_tokens = Counter("tokenq_generation_tokens_total", "Tokens generated",

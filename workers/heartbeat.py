@@ -60,6 +60,7 @@ class Heartbeat:
     metrics_port: int | None = None  # advertised once the metrics server is up
     metrics_host: str = ""
     _stop: threading.Event = field(default_factory=threading.Event)
+    _stopped_steps: int = 0  # the engine's count at the last beat
 
     def __post_init__(self) -> None:
         self._thread = threading.Thread(target=self._run, name="tokenq-heartbeat", daemon=True)
@@ -84,6 +85,11 @@ class Heartbeat:
         self.r.hset(keys.WORKERS, self.worker_id, hb.model_dump_json())
         self.metrics.kv_cache.labels(self.model).set(st.kv_cache_usage)
         self.metrics.prefix_hit.labels(self.model).set(st.prefix_hit_ratio)
+        # the engine counts; Prometheus' counter follows it by the difference
+        if st.stopped_steps > self._stopped_steps:
+            self.metrics.steps_stopped.labels(self.model).inc(
+                st.stopped_steps - self._stopped_steps)
+            self._stopped_steps = st.stopped_steps
 
     def forget(self) -> None:
         """Leave the pool: /ready and the slot counts stop counting this worker at once."""

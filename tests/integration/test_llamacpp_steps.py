@@ -191,6 +191,49 @@ def test_a_hold_stops_the_step_under_way_and_no_text_changes(
         col.wait(["urgent", "stream"])
     finally:
         eng.close()
-    assert codes.count(2) == 1 and eng.aborted_steps == 1, codes
+    assert codes.count(2) == 1 and eng.stats().stopped_steps == 1, codes
     assert col.finished["victim"].reason == "cancelled"
     assert col.output("stream") == col.output("alone")
+
+
+def test_an_interactive_arrival_stops_a_step_of_batch_rows_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interactive job that finds a free slot while the step under way carries batch
+    rows alone stops that step (its rows are computed again: a greedy batch stream's text
+    is its text alone), and its prompt goes into the next step. A step that carries any
+    other job's rows (here: the first interactive prompt) is not stopped by an arrival."""
+    eng, col = start_engine(tmp_path, n_parallel=3, prefix_cache=False)
+    real = ll.llama_decode
+    codes: list[int] = []
+    armed: list[int] = []  # the call during which the interactive job arrives
+    sent: list[str] = []
+
+    def interactive(job_id: str) -> None:
+        req = request(job_id, PROMPTS[1], max_tokens=2)
+        req.urgent = True
+        sent.append(job_id)
+        eng.submit(req)
+
+    def spy(ctx: object, batch: ll.llama_batch) -> int:
+        if armed and len(codes) == armed[0]:  # as if it came while this step runs
+            interactive("urgent")
+        elif sent == ["urgent"] and batch.n_tokens > 1:
+            interactive("second")  # arrives during the first one's prompt step
+        codes.append(int(real(ctx, batch)))
+        return codes[-1]
+
+    try:
+        eng.submit(request("alone", PROMPTS[2], max_tokens=24))
+        col.wait(["alone"])
+        monkeypatch.setattr(ll, "llama_decode", spy)
+        batch = request("batch", PROMPTS[2], max_tokens=24)
+        batch.background = True
+        eng.submit(batch)
+        with col.cond:
+            assert col.cond.wait_for(lambda: len(col.ids.get("batch", [])) > 4, 60)
+            armed.append(len(codes) + 1)
+        col.wait(["urgent", "second", "batch"])
+    finally:
+        eng.close()
+    assert codes.count(2) == 1 and eng.stats().stopped_steps == 1, codes
+    assert col.output("batch") == col.output("alone")

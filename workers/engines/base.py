@@ -88,6 +88,10 @@ class EngineStats:
     kv_cache_usage: float
     # Prompt tokens whose KV was reused from a slot's cache / all prompt tokens admitted.
     prefix_hit_ratio: float = 0.0
+    # Steps stopped under way for an interactive job (one a preemption freed a slot for,
+    # or one that found a free slot beside batch rows alone); their rows are computed
+    # again in a later step, so this counts work the batch lost.
+    stopped_steps: int = 0
 
 
 class Engine(Protocol):

@@ -16,9 +16,9 @@ llama-server). Every step:
    `prefill_itl_ratio` times a decode-only step (chunked prefill, budget.py); batch
    (low-priority) prompts only in chunks of at most that or `batch_prefill_tokens`, and
    batch streams sit out a step that takes another job's whole prompt;
-3. llama_decode once; sample each sequence from its own row with its own
-   sampler chain (JSON-schema grammar, penalties, top-k, top-p, temperature,
-   seeded dist);
+3. llama_decode once (an interactive job may stop it under way: StepAbort); sample each
+   sequence from its own row with its own sampler chain (JSON-schema grammar,
+   penalties, top-k, top-p, temperature, seeded dist);
 4. hand the sink one StepOutput; a finished job's slot keeps its KV cells
    for the next job with the same prefix.
 
@@ -34,16 +34,13 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
 
 import llama_cpp as ll
-import numpy as np
 
 from shared.adapters import AdapterRef
 from shared.schemas import SamplingParams
 from shared.settings import ModelConfig
 from shared.vocab import Vocab
-from workers.engines import logprobs
 from workers.engines.base import (
     EndReason,
     EngineRequest,
@@ -59,7 +56,12 @@ from workers.engines.llamacpp_context import StepAbort, create_context, fill, th
 from workers.engines.llamacpp_inbox import Inbox
 from workers.engines.llamacpp_lora import LoraSet, pick_group
 from workers.engines.llamacpp_ramcache import RamCache
-from workers.engines.llamacpp_sampling import Sampler, StepSampler, check_grammar
+from workers.engines.llamacpp_sampling import (
+    Sampler,
+    StepSampler,
+    check_grammar,
+    row_logprobs,
+)
 from workers.engines.llamacpp_seq import Seq, fork, share_prefill, undo
 from workers.engines.llamacpp_slots import SlotPool
 
@@ -85,7 +87,7 @@ class LlamaCppEngine:
                                     cfg.prefill_min_chunk, cfg.batch_prefill_tokens)
         self.prompt_tokens_total = 0
         self.prefix_reused_tokens = 0
-        self.aborted_steps = 0  # steps stopped under way for a held slot
+        self.stopped_steps = 0  # steps stopped under way for an interactive job
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._sink: Sink | None = None
@@ -132,7 +134,10 @@ class LlamaCppEngine:
             raise RuntimeError("llama.cpp could not decode the warm-up prompt")
 
     def submit(self, request: EngineRequest) -> None:
-        self._inbox.put("submit", request)
+        """Take a job; an interactive one stops a step of batch rows alone (StepAbort)."""
+        self._inbox.put("submit", request)  # first: the stopped step's loop must find it
+        if request.urgent and getattr(self, "abort", None) is not None:
+            self.abort.request(arrival=True)
 
     def hold(self, seconds: float) -> None:
         """A slot is being freed for a job on its way (workers/preempt.py): stop the step
@@ -165,7 +170,8 @@ class LlamaCppEngine:
         return EngineStats(running=len(self._active), waiting=len(self._waiting),
                            slots=self.slots, kv_cache_usage=used / max(1, self.cfg.n_ctx),
                            prefix_hit_ratio=self.prefix_reused_tokens / max(
-                               1, self.prompt_tokens_total))
+                               1, self.prompt_tokens_total),
+                           stopped_steps=self.stopped_steps)
 
     def healthy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -316,8 +322,10 @@ class LlamaCppEngine:
                                    for s in order])
         plan = [(s, s.tokens[:k]) for s, k in zip(order, takes, strict=True) if k]
         decoding = sum(1 for s, _ in plan if not s.prefilling)
-        # a hold may stop this step unless it carries a prompt someone waits for
-        stoppable = all(s.req.background or not s.prefilling for s, _ in plan)
+        # a hold may stop this step unless it carries a prompt someone waits for; an
+        # interactive arrival, only a step of batch rows alone
+        for_hold = all(s.req.background or not s.prefilling for s, _ in plan)
+        for_arrival = all(s.req.background for s, _ in plan)
         # Rows in sequence-id order: with a KV stream per slot, llama.cpp packs a step's
         # sequences into one ubatch only while their ids run consecutively upwards, and
         # splits the step at every other place (a graph pass per piece, each reading all
@@ -331,12 +339,12 @@ class LlamaCppEngine:
                 rows.append((seq, n - 1))
         batch.n_tokens = n
         t0 = time.perf_counter()
-        self.abort.running(stoppable)
+        self.abort.running(for_hold=for_hold, for_arrival=for_arrival)
         rc = ll.llama_decode(self.ctx, batch)
         self.abort.done()
-        if rc == 2:  # stopped for a job on its way (hold): as if the step never ran
+        if rc == 2:  # stopped for a job on its way or here: as if the step never ran
             undo(self.mem, plan)
-            self.aborted_steps += 1
+            self.stopped_steps += 1
             return
         self.budget.observe(decoding, n - decoding, time.perf_counter() - t0)
         if rc != 0:
@@ -350,7 +358,8 @@ class LlamaCppEngine:
         toks = self.sampling.sample(self.ctx, [(seq.sampler, row) for seq, row in rows])
         for (seq, row), tok in zip(rows, toks, strict=True):
             if seq.req.params.logprobs is not None and not self.vocab.is_eog(tok):
-                seq.logprobs[seq.generated] = self._logprobs(row, tok, seq.req.params.logprobs)
+                seq.logprobs[seq.generated] = row_logprobs(self.ctx, self.vocab, row, tok,
+                                                           seq.req.params.logprobs)
             if self.vocab.is_eog(tok):
                 self._finish(seq, "stop", out)
                 continue
@@ -363,13 +372,6 @@ class LlamaCppEngine:
                 self._finish(seq, "length", out)
             else:
                 seq.tokens = [tok]
-
-    def _logprobs(self, row: int, tok: int, k: int) -> dict[str, Any]:
-        logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self.ctx, row),
-                                       shape=(self.vocab.n_vocab,))
-        lp, top = logprobs.from_logits(logits, tok, k)
-        return logprobs.entry(self.vocab.piece(tok), lp,
-                              [(self.vocab.piece(t), x) for t, x in top])
 
     def _emit(self, seq: Seq, released: list[Released], out: StepOutput) -> None:
         if released and seq.emitted == len(seq.req.resume_token_ids):

@@ -49,8 +49,10 @@ class StepAbort:
     flag: C only, 0 (run on) or 1 (stop). An aborted llama_decode returns 2 and drops the
     KV cells of the ubatch it stopped in; the engine drops the rest of the step's and plans
     the next step afresh (workers/engines/llamacpp.py). Only a step the engine marks
-    stoppable is stopped: not one that carries a prompt someone waits for (a second
-    interactive arrival must not throw away the first one's prefill)."""
+    stoppable is stopped, and for what: a preemption's hold stops any step but one that
+    carries a prompt someone waits for (a second interactive arrival must not throw away
+    the first one's prefill); an interactive job that finds a free slot stops only a step
+    of batch rows alone (it would otherwise wait for work nobody watches)."""
 
     def __init__(self, ctx: Any) -> None:
         self._flag = ctypes.create_string_buffer(2)
@@ -61,23 +63,24 @@ class StepAbort:
         ll.llama_set_abort_callback(ctx, self._callback,
                                     ctypes.cast(self._flag, ctypes.c_void_p))
         self._lock = threading.Lock()
-        self._stoppable = False
+        self._for_hold = self._for_arrival = False
 
-    def running(self, stoppable: bool) -> None:
-        """The engine thread, right before llama_decode: may request() stop this step?"""
+    def running(self, *, for_hold: bool, for_arrival: bool) -> None:
+        """The engine thread, right before llama_decode: may a hold, may an interactive
+        arrival, request() to stop this step?"""
         with self._lock:
-            self._stoppable = stoppable
+            self._for_hold, self._for_arrival = for_hold, for_arrival
 
     def done(self) -> None:
         """The engine thread, once llama_decode returned: nothing runs to be stopped."""
         with self._lock:
-            self._stoppable = False
+            self._for_hold = self._for_arrival = False
             self._flag[0] = b"\0"
 
-    def request(self) -> None:
-        """Stop the step under way, if it is stoppable."""
+    def request(self, *, arrival: bool = False) -> None:
+        """Stop the step under way, if it may be stopped for a hold (or for an arrival)."""
         with self._lock:
-            if self._stoppable:
+            if self._for_arrival if arrival else self._for_hold:
                 self._flag[0] = b"x"
 
 
