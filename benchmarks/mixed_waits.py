@@ -8,7 +8,7 @@ its write). Runs the embedded stack, `--arrivals` interactive jobs (`priority: h
 Poisson) on an idle worker, then the same beside `--batch` low-priority jobs (those of
 `tokenq bench --mixed`). Usage:
     .venv/bin/python benchmarks/mixed_waits.py [model] [--batch 48] [--arrivals 16]
-                                               [--quick]
+                                               [--batch-tokens 256] [--quick]
 (model: the default model, as `tokenq bench --mixed`; the figures in docs/benchmarks.md
 name theirs.)
 Prints, per phase, the median [min-max] and p95 of each part in ms.
@@ -95,10 +95,14 @@ def main() -> None:
     ap.add_argument("model", nargs="?", help="default: the default model (as bench --mixed)")
     ap.add_argument("--batch", type=int, help="low-priority jobs (default 48)")
     ap.add_argument("--arrivals", type=int, help="interactive jobs (default 16)")
+    ap.add_argument("--batch-tokens", type=int,
+                    help="max_tokens of a batch job (default 256); with fewer batch jobs than "
+                         "slots, long ones keep the batch running through the arrivals")
     ap.add_argument("--quick", action="store_true", help="a few short jobs (smoke test)")
     args = ap.parse_args()
     cfg = MixedConfig.quick() if args.quick else MixedConfig()
-    cfg = replace(cfg, batch=args.batch or cfg.batch, arrivals=args.arrivals or cfg.arrivals)
+    cfg = replace(cfg, batch=args.batch or cfg.batch, arrivals=args.arrivals or cfg.arrivals,
+                  batch_tokens=args.batch_tokens or cfg.batch_tokens)
     settings = Settings()
     model = args.model or settings.default_model
     stop = settings.models()[model].stop

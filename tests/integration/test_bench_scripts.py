@@ -44,3 +44,12 @@ def test_mixed_waits_splits_an_interactive_first_tokens_wait() -> None:
     for part in (r"record to acquired \(slot wait\)", "acquired to first token in Redis",
                  "TTFT"):
         assert re.search(part + r" +median +\d+ \[\d+-\d+\]  p95 +\d+", out), out
+
+
+def test_arrival_stop_prints_both_arms() -> None:
+    out = run("benchmarks/arrival_stop.py", "smollm2-135m-instruct", "--arrivals", "2",
+              "--batch", "1")
+    for arm in ("on", "off"):
+        assert re.search(rf"arrival stop {arm}: 1 arrivals beside 1 batch streams, submit -> "
+                         rf"first token median \d+ ms \[\d+-\d+\], p90 \d+ ms; \d+ steps "
+                         rf"stopped", out), out
