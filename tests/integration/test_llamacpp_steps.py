@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import llama_cpp as ll
 import pytest
 
-from tests.integration.test_llamacpp_engine import PROMPTS, request, start_engine
+from tests.integration.test_llamacpp_engine import PROMPTS, Collector, request, start_engine
+from workers.engines.llamacpp import LlamaCppEngine
 
 
 @pytest.fixture
@@ -155,6 +157,25 @@ def test_batch_streams_sit_out_the_step_that_prefills_an_interactive_prompt(
     assert sorted(set(steps[at - 1])) == [0, 1, 2], steps[at - 1]
 
 
+def alone_then_spy(eng: LlamaCppEngine, col: Collector, monkeypatch: pytest.MonkeyPatch,
+                   during: Callable[[ll.llama_batch, int], None]) -> list[int]:
+    """Run job "alone" (the reference text: PROMPTS[2], 24 tokens), then spy on every
+    llama_decode: `during(batch, call)` runs inside call number `call` before llama.cpp
+    computes (as if a message came while that step runs); returns their return codes."""
+    eng.submit(request("alone", PROMPTS[2], max_tokens=24))
+    col.wait(["alone"])
+    real = ll.llama_decode
+    codes: list[int] = []
+
+    def spy(ctx: object, batch: ll.llama_batch) -> int:
+        during(batch, len(codes))
+        codes.append(int(real(ctx, batch)))
+        return codes[-1]
+
+    monkeypatch.setattr(ll, "llama_decode", spy)
+    return codes
+
+
 def test_a_hold_stops_the_step_under_way_and_no_text_changes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A preemption's hold stops the batch's step under way (the interactive job then waits
@@ -162,23 +183,17 @@ def test_a_hold_stops_the_step_under_way_and_no_text_changes(
     tokens computed again in the next step, so a greedy stream's text is its text alone.
     A step that prefills a prompt someone waits for is not stopped."""
     eng, col = start_engine(tmp_path, n_parallel=2, prefix_cache=False)
-    real = ll.llama_decode
-    codes: list[int] = []
     armed: list[int] = []  # the call at which the preemptor's messages go in
 
-    def spy(ctx: object, batch: ll.llama_batch) -> int:
-        if armed and len(codes) == armed[0]:  # as if they came while this step runs
+    def during(batch: ll.llama_batch, call: int) -> None:
+        if armed and call == armed[0]:  # as if they came while this step runs
             eng.cancel("victim")
             eng.hold(30.0)
         elif armed and batch.n_tokens > 2:  # the urgent prompt's step: not to be stopped
             eng.hold(0.0)  # (by a second arrival's hold)
-        codes.append(int(real(ctx, batch)))
-        return codes[-1]
 
     try:
-        eng.submit(request("alone", PROMPTS[2], max_tokens=24))
-        col.wait(["alone"])
-        monkeypatch.setattr(ll, "llama_decode", spy)
+        codes = alone_then_spy(eng, col, monkeypatch, during)
         victim = request("victim", PROMPTS[0], max_tokens=2000)
         victim.background = True
         eng.submit(victim)
@@ -203,8 +218,6 @@ def test_an_interactive_arrival_stops_a_step_of_batch_rows_alone(
     is its text alone), and its prompt goes into the next step. A step that carries any
     other job's rows (here: the first interactive prompt) is not stopped by an arrival."""
     eng, col = start_engine(tmp_path, n_parallel=3, prefix_cache=False)
-    real = ll.llama_decode
-    codes: list[int] = []
     armed: list[int] = []  # the call during which the interactive job arrives
     sent: list[str] = []
 
@@ -214,18 +227,14 @@ def test_an_interactive_arrival_stops_a_step_of_batch_rows_alone(
         sent.append(job_id)
         eng.submit(req)
 
-    def spy(ctx: object, batch: ll.llama_batch) -> int:
-        if armed and len(codes) == armed[0]:  # as if it came while this step runs
+    def during(batch: ll.llama_batch, call: int) -> None:
+        if armed and call == armed[0]:  # as if it came while this step runs
             interactive("urgent")
         elif sent == ["urgent"] and batch.n_tokens > 1:
             interactive("second")  # arrives during the first one's prompt step
-        codes.append(int(real(ctx, batch)))
-        return codes[-1]
 
     try:
-        eng.submit(request("alone", PROMPTS[2], max_tokens=24))
-        col.wait(["alone"])
-        monkeypatch.setattr(ll, "llama_decode", spy)
+        codes = alone_then_spy(eng, col, monkeypatch, during)
         batch = request("batch", PROMPTS[2], max_tokens=24)
         batch.background = True
         eng.submit(batch)
