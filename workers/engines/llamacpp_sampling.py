@@ -35,6 +35,7 @@ import numpy as np
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from shared.schemas import SamplingParams
+from shared.vocab import Vocab
 from workers.engines import logprobs
 
 # Tokens the repetition/frequency/presence penalties look back over (llama-server's
@@ -266,7 +267,7 @@ class StepSampler:
             self._helper.shutdown(wait=True)
 
 
-def row_logprobs(ctx: Any, vocab: Any, row: int, tok: int, k: int) -> dict[str, Any]:
+def row_logprobs(ctx: Any, vocab: Vocab, row: int, tok: int, k: int) -> dict[str, Any]:
     """The logprobs entry of token `tok` drawn from batch row `row`, with the top `k`."""
     logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, row), shape=(vocab.n_vocab,))
     lp, top = logprobs.from_logits(logits, tok, k)
