@@ -18,7 +18,7 @@ import llama_cpp as ll
 
 from shared.chat import ChatRenderer
 from shared.llamacpp_dispatch import load_cpu_backend
-from shared.settings import ModelConfig
+from shared.settings import ModelConfig, get_settings
 
 log = logging.getLogger("workers.engines.llamacpp")  # llama.cpp's own log lines
 
@@ -38,13 +38,16 @@ _backend_lock = threading.Lock()
 _backend_ready = False
 
 
-def _init_backend() -> None:
+def _init_backend(probe_model: Path | None) -> None:
+    """llama.cpp's backend, once per process. A portable build's CPU variant is chosen
+    by what runs: a process that computes probes with its own model (`probe_model`)."""
     global _backend_ready
     with _backend_lock:
         if not _backend_ready:
             ll.llama_log_set(_quiet_log, ctypes.c_void_p(0))  # module-level ref keeps it alive
             ll.llama_backend_init()
-            load_cpu_backend(Path(ll.__file__).parent / "lib")
+            load_cpu_backend(Path(ll.__file__).parent / "lib", probe_model,
+                             get_settings().state_dir)
             _backend_ready = True
 
 
@@ -52,7 +55,7 @@ class Vocab(ChatRenderer):
     """Tokenizer and chat template of a GGUF; `vocab_only` loads no weights (for the API)."""
 
     def __init__(self, path: Path, cfg: ModelConfig, *, vocab_only: bool, n_gpu_layers: int = 0):
-        _init_backend()
+        _init_backend(None if vocab_only else path)
         params = ll.llama_model_default_params()
         params.vocab_only = vocab_only
         params.n_gpu_layers = n_gpu_layers

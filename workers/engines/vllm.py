@@ -40,7 +40,8 @@ from typing import Any
 
 from shared.adapters import AdapterRef
 from shared.chat import render_chat
-from shared.settings import ModelConfig
+from shared.models import has_nvidia_gpu
+from shared.settings import ModelConfig, get_settings
 from workers.engines.base import (
     EndReason,
     EngineRequest,
@@ -51,6 +52,7 @@ from workers.engines.base import (
     TokenDelta,
 )
 from workers.engines.detok import Released, TextStream
+from workers.engines.vllm_amx import keep_amx_out_if_it_faults
 from workers.engines.vllm_args import (
     SchedulerNumbers,
     engine_args,
@@ -59,6 +61,7 @@ from workers.engines.vllm_args import (
     sampling_params,
     stat_logger,
 )
+from workers.engines.vllm_plugin import register as register_hook
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +91,10 @@ class VllmEngine:
         self._sink = sink
         for k, v in engine_env().items():
             os.environ.setdefault(k, v)
+        state_dir = get_settings().state_dir
+        register_hook(state_dir)  # before vLLM looks for its plugins
+        if not has_nvidia_gpu():
+            keep_amx_out_if_it_faults(state_dir)
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
