@@ -18,12 +18,12 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
-from api.deps import AppState
-from api.errors import Conflict, InvalidRequest, ModelNotFound, NotFound
-from shared import keys
-from shared.adapters import AdapterAck, AdapterRecord, AdapterRef
-from shared.models import select_backend
-from shared.schemas import live_workers
+from tokenq.api.deps import AppState
+from tokenq.api.errors import Conflict, InvalidRequest, ModelNotFound, NotFound
+from tokenq.shared import keys
+from tokenq.shared.adapters import AdapterAck, AdapterRecord, AdapterRef
+from tokenq.shared.models import select_backend
+from tokenq.shared.schemas import live_workers
 
 
 async def get_record(r: aioredis.Redis, name: str) -> AdapterRecord | None:

@@ -15,21 +15,31 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from api import errors
-from api.access import AccessLog
-from api.auth import KeyAuth, load_keys
-from api.deps import AppState
-from api.limits import BodyLimit
-from api.openai.batch_driver import BatchDriver
-from api.ratelimit import RateLimits
-from api.routes import adapters, admin, batches, files, jobs, openai, ops, playground, tokenize
-from api.streams import StreamHub, hub_client
-from api.tokens import PromptCounter
-from shared import tracing
-from shared.celery_app import create_celery
-from shared.redis_conn import async_client
-from shared.settings import Settings, get_settings
-from shared.store import AsyncJobStore
+from tokenq.api import errors
+from tokenq.api.access import AccessLog
+from tokenq.api.auth import KeyAuth, load_keys
+from tokenq.api.deps import AppState
+from tokenq.api.limits import BodyLimit
+from tokenq.api.openai.batch_driver import BatchDriver
+from tokenq.api.ratelimit import RateLimits
+from tokenq.api.routes import (
+    adapters,
+    admin,
+    batches,
+    files,
+    jobs,
+    openai,
+    ops,
+    playground,
+    tokenize,
+)
+from tokenq.api.streams import StreamHub, hub_client
+from tokenq.api.tokens import PromptCounter
+from tokenq.shared import tracing
+from tokenq.shared.celery_app import create_celery
+from tokenq.shared.redis_conn import async_client
+from tokenq.shared.settings import Settings, get_settings
+from tokenq.shared.store import AsyncJobStore
 
 GC_THRESHOLDS = (20_000, 10, 10)  # Python's default: (700, 10, 10)
 
@@ -125,7 +135,7 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
 
 
 def app_from_env() -> FastAPI:
-    """uvicorn factory: `uvicorn api.app:app_from_env --factory`."""
+    """uvicorn factory: `uvicorn tokenq.api.app:app_from_env --factory`."""
     import os
 
     return create_app(get_settings(), api_keys=os.environ.get("TOKENQ_API_KEYS"))

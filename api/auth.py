@@ -29,8 +29,8 @@ from pathlib import Path
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.errors import RateLimited, envelope
-from shared import logs
+from tokenq.api.errors import RateLimited, envelope
+from tokenq.shared import logs
 
 log = logging.getLogger(__name__)
 

@@ -9,14 +9,14 @@ import redis.asyncio as aioredis
 from celery import Celery
 from fastapi import Depends, Request
 
-from api.auth import Principal
-from api.errors import Forbidden, Unauthorized
-from api.ratelimit import RateLimits
-from api.streams import StreamHub
-from api.tokens import PromptCounter
-from shared.metrics import ClusterMetrics
-from shared.settings import ModelConfig, Settings
-from shared.store import AsyncJobStore
+from tokenq.api.auth import Principal
+from tokenq.api.errors import Forbidden, Unauthorized
+from tokenq.api.ratelimit import RateLimits
+from tokenq.api.streams import StreamHub
+from tokenq.api.tokens import PromptCounter
+from tokenq.shared.metrics import ClusterMetrics
+from tokenq.shared.settings import ModelConfig, Settings
+from tokenq.shared.store import AsyncJobStore
 
 
 @dataclass

@@ -26,9 +26,9 @@ from collections.abc import Awaitable, Callable
 
 from redis.exceptions import RedisError
 
-from api.deps import AppState
-from api.errors import NotReplicated
-from shared import jobs
+from tokenq.api.deps import AppState
+from tokenq.api.errors import NotReplicated
+from tokenq.shared import jobs
 
 log = logging.getLogger("tokenq.jobs")
 

@@ -22,8 +22,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from api.errors import IdempotencyKeyReused, InvalidRequest
-from shared import keys
+from tokenq.api.errors import IdempotencyKeyReused, InvalidRequest
+from tokenq.shared import keys
 
 MAX_KEY_LEN = 255
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.deps import AppState
-from api.errors import InvalidRequest
-from shared import keys
-from shared.schemas import TERMINAL_STATES, JobRecord
+from tokenq.api.deps import AppState
+from tokenq.api.errors import InvalidRequest
+from tokenq.shared import keys
+from tokenq.shared.schemas import TERMINAL_STATES, JobRecord
 
 STATES = frozenset({"queued", "running", *TERMINAL_STATES})
 CHUNK = 100

@@ -13,7 +13,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import PayloadTooLarge, RequestTimeout
+from tokenq.api.errors import PayloadTooLarge, RequestTimeout
 
 
 class BodyLimit:

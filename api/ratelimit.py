@@ -12,9 +12,9 @@ import math
 
 import redis.asyncio as aioredis
 
-from api.errors import RateLimited
-from shared import keys
-from shared.scripts import Scripts
+from tokenq.api.errors import RateLimited
+from tokenq.shared import keys
+from tokenq.shared.scripts import Scripts
 
 
 class RateLimits:

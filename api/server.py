@@ -17,10 +17,10 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from api.app import app_from_env
-from api.deps import AppState
-from shared import logs
-from shared.settings import LOOPBACK_HOSTS
+from tokenq.api.app import app_from_env
+from tokenq.api.deps import AppState
+from tokenq.shared import logs
+from tokenq.shared.settings import LOOPBACK_HOSTS
 
 log = logging.getLogger("tokenq.api")
 

@@ -18,9 +18,9 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from api import adapters, durable, idempotency, streams
-from api.deps import AppState
-from api.errors import (
+from tokenq.api import adapters, durable, idempotency, streams
+from tokenq.api.deps import AppState
+from tokenq.api.errors import (
     ContextLengthExceeded,
     Draining,
     Forbidden,
@@ -29,17 +29,17 @@ from api.errors import (
     NotFound,
     QueueFull,
 )
-from api.idempotency import Idem
-from api.openai.tools import checked_constraint, template_of
-from api.openai.tools import plan as tool_plan
-from api.openai.tools import render as render_tools
-from api.openai.tools import validate as validate_tools
-from shared import jobs, keys, logs, schema_budget, tracing, webhook_policy
-from shared.celery_app import task_message
-from shared.jobs import dumps
-from shared.models import select_backend
-from shared.schema_budget import GrammarBudget, SchemaOverBudget, nesting
-from shared.schemas import (
+from tokenq.api.idempotency import Idem
+from tokenq.api.openai.tools import checked_constraint, template_of
+from tokenq.api.openai.tools import plan as tool_plan
+from tokenq.api.openai.tools import render as render_tools
+from tokenq.api.openai.tools import validate as validate_tools
+from tokenq.shared import jobs, keys, logs, schema_budget, tracing, webhook_policy
+from tokenq.shared.celery_app import task_message
+from tokenq.shared.jobs import dumps
+from tokenq.shared.models import select_backend
+from tokenq.shared.schema_budget import GrammarBudget, SchemaOverBudget, nesting
+from tokenq.shared.schemas import (
     JobAccepted,
     JobRecord,
     JobRequest,
@@ -47,7 +47,7 @@ from shared.schemas import (
     ResponseFormat,
     SamplingParams,
 )
-from shared.settings import ModelConfig
+from tokenq.shared.settings import ModelConfig
 
 MAX_STOP_LEN = 64
 # A response_format schema nested deeper than this is refused (400) before anything is

@@ -4,7 +4,7 @@ Why shared: one XREAD over the watched streams costs one Redis connection and on
 trip per batch of events, however many clients are connected, so event latency stays flat
 as streams are added (figures in docs/benchmarks.md, "Figures behind code choices").
 
-Which streams a read names (`api.stream_notify`):
+Which streams a read names (`tokenq.api.stream_notify`):
 - notified (the default): only those whose pub/sub channel announced new entries since
   the last read (api/stream_notify.py), and every watched stream once per
   `full_read_ms`, which delivers whatever a lost or missing hint left behind. Redis'
@@ -45,11 +45,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from api.stream_notify import StreamNotifier
-from shared import keys
-from shared.redis_conn import async_client
-from shared.schemas import TERMINAL_EVENTS
-from shared.settings import Settings
+from tokenq.api.stream_notify import StreamNotifier
+from tokenq.shared import keys
+from tokenq.shared.redis_conn import async_client
+from tokenq.shared.schemas import TERMINAL_EVENTS
+from tokenq.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ import logging
 from pathlib import Path
 from typing import Any, Protocol
 
-from shared.chat import ChatRenderer
-from shared.models import gguf_path
-from shared.settings import ModelConfig, Settings
+from tokenq.shared.chat import ChatRenderer
+from tokenq.shared.models import gguf_path
+from tokenq.shared.settings import ModelConfig, Settings
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class PromptCounter:
         try:
             if cfg.source == "hf":  # a vLLM-only folder: its own Hugging Face tokenizer
                 return HfVocab(Path(cfg.path or ""), cfg)
-            from shared.vocab import Vocab
+            from tokenq.shared.vocab import Vocab
 
             return Vocab(gguf_path(cfg, self._settings.state_dir), cfg, vocab_only=True)
         except Exception as exc:  # no llama.cpp or no file here: estimate instead
@@ -91,7 +91,7 @@ class PromptCounter:
                     tools: list[dict[str, Any]] | None = None) -> int:
         """Prompt tokens after the chat template; raises ValueError if it cannot be rendered."""
         if cfg.backend == "fake":
-            from shared.chat import count_tokens, prompt_text
+            from tokenq.shared.chat import count_tokens, prompt_text
 
             return count_tokens(prompt_text(prompt, messages))
         vocab = await self._vocab(name, cfg)

@@ -19,7 +19,7 @@ import threading
 import time
 from functools import partial
 
-from workers.main import idle_compute_threads_sleep
+from tokenq.workers.main import idle_compute_threads_sleep
 
 
 def main() -> None:
@@ -30,12 +30,12 @@ def main() -> None:
     args = ap.parse_args()
     idle_compute_threads_sleep()  # before llama.cpp loads, as the worker does
 
-    from cli.bench import prompt_text
-    from shared.models import gguf_path
-    from shared.schemas import SamplingParams
-    from shared.settings import Settings
-    from workers.engines.base import EngineRequest, StepOutput
-    from workers.engines.llamacpp import LlamaCppEngine
+    from tokenq.cli.bench import prompt_text
+    from tokenq.shared.models import gguf_path
+    from tokenq.shared.schemas import SamplingParams
+    from tokenq.shared.settings import Settings
+    from tokenq.workers.engines.base import EngineRequest, StepOutput
+    from tokenq.workers.engines.llamacpp import LlamaCppEngine
 
     settings = Settings()
     cfg = settings.models()[args.model].model_copy(update={"n_parallel": 8})

@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli.bench import run_level
-from cli.bench_mixed import find_llama_server
-from cli.compare import _process, llama_server_args
-from cli.stack import Stack
-from shared.models import gguf_path
-from shared.redis_server import free_port
-from shared.settings import Settings
+from tokenq.cli.bench import run_level
+from tokenq.cli.bench_mixed import find_llama_server
+from tokenq.cli.compare import _process, llama_server_args
+from tokenq.cli.stack import Stack
+from tokenq.shared.models import gguf_path
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.settings import Settings
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
@@ -73,7 +73,7 @@ def main() -> None:
     def on_llama_server(salt: str) -> None:
         binary = find_llama_server()
         if binary is None:
-            print("C++ llama-server not built (scripts/build_llama_server.sh): skipped")
+            print("C++ llama-server not built (cli/build_llama_server.sh): skipped")
             return
         port = free_port()
         url = f"http://127.0.0.1:{port}"

@@ -18,9 +18,9 @@ from typing import Any
 
 import llama_cpp as ll
 
-from shared.models import gguf_path
-from shared.settings import Settings
-from workers.engines.llamacpp import Vocab
+from tokenq.shared.models import gguf_path
+from tokenq.shared.settings import Settings
+from tokenq.workers.engines.llamacpp import Vocab
 
 
 def main() -> None:

@@ -25,13 +25,13 @@ from typing import Any
 import httpx
 import redis
 
-from cli.bench import Sample, request_body
-from cli.bench_mixed import MixedConfig, Send, _client, long_text, run_phase
-from cli.sse import stream_events
-from cli.stack import Stack
-from shared import keys
-from shared.redis_server import free_port
-from shared.settings import Settings
+from tokenq.cli.bench import Sample, request_body
+from tokenq.cli.bench_mixed import MixedConfig, Send, _client, long_text, run_phase
+from tokenq.cli.sse import stream_events
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.settings import Settings
 
 
 @dataclass

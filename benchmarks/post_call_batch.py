@@ -31,9 +31,9 @@ from openai import OpenAI
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cli.stack import Stack  # noqa: E402
-from shared.redis_server import free_port  # noqa: E402
-from shared.settings import Settings  # noqa: E402
+from tokenq.cli.stack import Stack  # noqa: E402
+from tokenq.shared.redis_server import free_port  # noqa: E402
+from tokenq.shared.settings import Settings  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "post_call"
 
@@ -132,7 +132,7 @@ def enqueue_only(stack: Stack, client: OpenAI, batch_id: str, lines: int, t0: fl
                  rss: dict[str, int], size: int) -> int:
     import redis
 
-    from shared import keys
+    from tokenq.shared import keys
 
     r = redis.Redis.from_url(stack.redis_url, decode_responses=True)
     while r.hget(keys.batch(batch_id), "enqueue_done") != "1":

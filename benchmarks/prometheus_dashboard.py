@@ -33,9 +33,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cli.stack import Stack  # noqa: E402
-from shared.redis_server import die_with_parent, free_port  # noqa: E402
-from shared.settings import Settings  # noqa: E402
+from tokenq.cli.stack import Stack  # noqa: E402
+from tokenq.shared.redis_server import die_with_parent, free_port  # noqa: E402
+from tokenq.shared.settings import Settings  # noqa: E402
 
 COMPOSE = ROOT / "compose"
 RATE_WINDOW = "20s"  # what Grafana's $__rate_interval is at a 2 s scrape and a short range
@@ -136,7 +136,7 @@ def main() -> int:
         time.sleep(3 * args.scrape_s)
         t0 = time.time()  # idle before it, load after it
         bench = subprocess.run(
-            [sys.executable, "-m", "cli.main", "bench", "--url", stack.url, "--model", model,
+            [sys.executable, "-m", "tokenq.cli.main", "bench", "--url", stack.url, "--model", model,
              "--concurrency", "4,16", "--max-tokens", "48", "--prompt-words", "60"],
             capture_output=True, text=True, cwd=ROOT)
         t1 = time.time()

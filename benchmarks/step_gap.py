@@ -24,7 +24,7 @@ import time
 from functools import partial
 from typing import Any
 
-from workers.main import idle_compute_threads_sleep
+from tokenq.workers.main import idle_compute_threads_sleep
 
 
 def main() -> None:
@@ -40,12 +40,12 @@ def main() -> None:
         idle_compute_threads_sleep()  # before llama.cpp loads, as the worker does
     import llama_cpp as ll
 
-    from cli.bench import prompt_text
-    from shared.models import gguf_path
-    from shared.schemas import SamplingParams
-    from shared.settings import Settings
-    from workers.engines.base import EngineRequest, StepOutput
-    from workers.engines.llamacpp import LlamaCppEngine
+    from tokenq.cli.bench import prompt_text
+    from tokenq.shared.models import gguf_path
+    from tokenq.shared.schemas import SamplingParams
+    from tokenq.shared.settings import Settings
+    from tokenq.workers.engines.base import EngineRequest, StepOutput
+    from tokenq.workers.engines.llamacpp import LlamaCppEngine
 
     name, streams, rounds = args.model, args.streams, args.rounds
     marks: list[tuple[float, float, int]] = []

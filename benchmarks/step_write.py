@@ -18,12 +18,12 @@ from pathlib import Path
 
 import redis
 
-from shared.jobs import Acquired, TokenWrite, dumps
-from shared.redis_server import EmbeddedRedis
-from shared.schemas import JobSpec, SamplingParams
-from shared.settings import Settings
-from shared.settings_roles import WorkerSettings
-from shared.store import JobStore
+from tokenq.shared.jobs import Acquired, TokenWrite, dumps
+from tokenq.shared.redis_server import EmbeddedRedis
+from tokenq.shared.schemas import JobSpec, SamplingParams
+from tokenq.shared.settings import Settings
+from tokenq.shared.settings_roles import WorkerSettings
+from tokenq.shared.store import JobStore
 
 
 def main() -> None:

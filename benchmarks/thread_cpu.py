@@ -12,8 +12,8 @@ import os
 import sys
 import time
 
-WATCHED = ("celeryd", "cli.main worker", "api.server", "redis-server", "cli.main bench",
-           "tokenq bench", "llama-server")
+WATCHED = ("celeryd", "tokenq.cli.main worker", "tokenq.api.server", "redis-server",
+           "tokenq.cli.main bench", "tokenq bench", "llama-server")
 
 
 def processes() -> dict[str, str]:

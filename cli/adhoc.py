@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from shared.settings import Settings, SettingsProblem
+from tokenq.shared.settings import Settings, SettingsProblem
 
 
 def model_name(path: Path) -> str:

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import redis
 
-from cli.scaling import Decider, Decision, Inputs, Policy
-from shared import keys
-from shared.models import select_backend
-from shared.schemas import WorkerHeartbeat, live_workers
-from shared.settings import Settings
+from tokenq.cli.scaling import Decider, Decision, Inputs, Policy
+from tokenq.shared import keys
+from tokenq.shared.models import select_backend
+from tokenq.shared.schemas import WorkerHeartbeat, live_workers
+from tokenq.shared.settings import Settings
 
 log = logging.getLogger("tokenq.autoscale")
 

@@ -9,7 +9,7 @@ target <= 1.5x), batch output tok/s alone vs mixed (target >= 0.9x).
 
 Servers: tokenq (its own embedded stack: Redis, API, one worker), tokenq with preemption
 off (`TOKENQ_WORKER__PREEMPT_MAX=0`: priority lanes only), and C++ llama-server (FIFO:
-no priorities) where scripts/build_llama_server.sh has built it (never built here; the
+no priorities) where `tokenq bench --compare` has built it (never built here; the
 peer is skipped, with a message, when it is absent). With `--vllm`: tokenq's vLLM worker
 (both ways) and vLLM's own OpenAI server (FIFO) on the same converted model folder.
 Arrivals stop once the batch has drained, so every measured interactive request met a
@@ -19,7 +19,6 @@ busy server; how many did is shown.
 from __future__ import annotations
 
 import random
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -32,12 +31,12 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from cli.bench import Sample, one_job, one_openai, pct, prompt_text, request_body
-from cli.compare import _process, llama_server_args
-from cli.stack import ROOT, Stack
-from shared.models import gguf_path
-from shared.redis_server import free_port
-from shared.settings import Settings
+from tokenq.cli.bench import Sample, one_job, one_openai, pct, prompt_text, request_body
+from tokenq.cli.compare import _process, llama_server_args, llama_server_path
+from tokenq.cli.stack import Stack
+from tokenq.shared.models import gguf_path
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.settings import Settings
 
 Send = Callable[[dict[str, Any], str], Sample]  # (request body, priority) -> its sample
 
@@ -209,22 +208,12 @@ def on_tokenq(settings: Settings, model: str, cfg: MixedConfig, console: Console
         stack.stop()
 
 
-def find_llama_server() -> str | None:
-    """The C++ llama-server scripts/build_llama_server.sh built, or None (never builds)."""
-    try:
-        out = subprocess.run([str(ROOT / "scripts" / "build_llama_server.sh"), "--find"],
-                             capture_output=True, text=True, timeout=60, check=True)
-        return out.stdout.strip().splitlines()[-1]
-    except (subprocess.SubprocessError, OSError, IndexError):
-        return None
-
-
 def on_llama_server(settings: Settings, model: str, cfg: MixedConfig,
                     console: Console) -> Figures | None:
-    binary = find_llama_server()
+    binary = llama_server_path(build=False)
     if binary is None:
-        console.print("[yellow]skipping C++ llama-server: not built (run "
-                      "scripts/build_llama_server.sh once)[/]")
+        console.print("[yellow]skipping C++ llama-server: not built (`tokenq bench --compare` "
+                      "builds it once)[/]")
         return None
     mc = settings.models()[model]
     port = free_port()
@@ -245,7 +234,7 @@ def on_llama_server(settings: Settings, model: str, cfg: MixedConfig,
 def on_vllm_server(settings: Settings, folder: Path, model: str, cfg: MixedConfig,
                    console: Console) -> Figures:
     """vLLM's own OpenAI server on the same folder and engine settings (FIFO)."""
-    from cli.compare_vllm import vllm_server_args
+    from tokenq.cli.compare_vllm import vllm_server_args
 
     mc = settings.models()[model]
     port = free_port()
@@ -262,7 +251,7 @@ def run_mixed(settings: Settings, model: str, cfg: MixedConfig, console: Console
     llama.cpp worker and llama-server."""
     folder = None
     if vllm:
-        from cli.compare_vllm import on_vllm
+        from tokenq.cli.compare_vllm import on_vllm
 
         settings, folder = on_vllm(settings, model, console)
     results = [on_tokenq(settings, model, cfg, console, "tokenq", {})]

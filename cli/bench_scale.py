@@ -31,14 +31,14 @@ import httpx
 import psutil
 import redis
 
-from api.openai.batch_driver import line_job_id
-from cli.bench_scale_load import Meter, bound, post_jobs, send, used_memory
-from cli.bench_scale_sse import part_sse
-from cli.stack import Stack
-from shared import keys
-from shared.redis_server import free_port
-from shared.schemas import TERMINAL_EVENTS, TERMINAL_STATES
-from shared.settings import Settings
+from tokenq.api.openai.batch_driver import line_job_id
+from tokenq.cli.bench_scale_load import Meter, bound, post_jobs, send, used_memory
+from tokenq.cli.bench_scale_sse import part_sse
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.schemas import TERMINAL_EVENTS, TERMINAL_STATES
+from tokenq.shared.settings import Settings
 
 SSE_MODEL, IDLE_MODEL, DRAIN_MODEL = "scale-sse", "scale-idle", "scale-drain"
 TENANT = "bench"

@@ -23,16 +23,16 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import redis
 
-from cli.bench import pct
-from cli.bench_scale_load import Meter, bound, command_costs, command_stats, post_jobs
-from shared import keys
-from shared.jobs import Acquired
-from shared.schemas import TERMINAL_EVENTS
-from shared.settings import Settings
-from shared.store import JobStore
+from tokenq.cli.bench import pct
+from tokenq.cli.bench_scale_load import Meter, bound, command_costs, command_stats, post_jobs
+from tokenq.shared import keys
+from tokenq.shared.jobs import Acquired
+from tokenq.shared.schemas import TERMINAL_EVENTS
+from tokenq.shared.settings import Settings
+from tokenq.shared.store import JobStore
 
 if TYPE_CHECKING:
-    from cli.stack import Stack
+    from tokenq.cli.stack import Stack
 
 SOURCE_WORKER = "bench-scale-source"
 STEP_S = 0.02  # the source's step: an engine step of 20 ms
@@ -52,8 +52,8 @@ class SourceSpec:
 def run_source(spec: SourceSpec, ready: MpEvent, go: MpEvent, out: Any) -> None:
     """The child process: acquire every job, wait for `go`, write tokens for `seconds`,
     end every job (`length`), put a summary on `out`."""
-    from workers.engines.base import Finished, StepOutput, TokenDelta
-    from workers.publisher import Publisher
+    from tokenq.workers.engines.base import Finished, StepOutput, TokenDelta
+    from tokenq.workers.publisher import Publisher
 
     settings = Settings(redis_url=spec.redis_url, state_dir=Path(spec.state_dir),
                         models_file=Path(spec.models_file))

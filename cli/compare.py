@@ -5,7 +5,7 @@ Same GGUF, same thread count, same slots, same prompts:
 2. `python -m llama_cpp.server --interrupt_requests False` (llama-cpp-python's own
    OpenAI server, one request at a time);
 3. llama.cpp's C++ `llama-server -np <slots> -cb` (the practical limit), built from the
-   source vendored in the llama-cpp-python sdist by scripts/build_llama_server.sh; skipped
+   source vendored in the llama-cpp-python sdist by cli/build_llama_server.sh; skipped
    with a message when it cannot be built.
 """
 
@@ -24,12 +24,12 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from cli.bench import Level, budget_lines, render, run_level
-from cli.inprocess import run_inprocess
-from cli.stack import ROOT, Stack
-from shared.models import gguf_path
-from shared.redis_server import die_with_parent, free_port
-from shared.settings import ModelConfig, Settings
+from tokenq.cli.bench import Level, budget_lines, render, run_level
+from tokenq.cli.inprocess import run_inprocess
+from tokenq.cli.stack import Stack
+from tokenq.shared.models import gguf_path
+from tokenq.shared.redis_server import die_with_parent, free_port
+from tokenq.shared.settings import ModelConfig, Settings
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 180) -> None:
@@ -63,13 +63,35 @@ def _process(args: list[str], ready_url: str, log: Path,
                 proc.kill()
 
 
+# The recipe ships in the wheel (package data): a checkout and an install build alike.
+BUILD_LLAMA_SERVER = Path(__file__).resolve().parent / "build_llama_server.sh"
+
+
+def llama_server_path(*, build: bool) -> str | None:
+    """The C++ llama-server built for this CPU (built first when `build`), or None."""
+    args = ["bash", str(BUILD_LLAMA_SERVER), *([] if build else ["--find"])]
+    try:
+        out = subprocess.run(args, check=True, capture_output=True, text=True,
+                             timeout=1800 if build else 60,
+                             env={**os.environ, "PYTHON": sys.executable})
+        return out.stdout.strip().splitlines()[-1]
+    except subprocess.CalledProcessError as exc:
+        if build:
+            tail = (exc.stderr or "").strip().splitlines()[-3:]
+            raise RuntimeError("; ".join(tail) or str(exc)) from None
+        return None
+    except (subprocess.SubprocessError, OSError, IndexError) as exc:
+        if build:
+            raise RuntimeError(str(exc)) from None
+        return None
+
+
 def llama_server_binary(console: Console) -> str | None:
     try:
-        out = subprocess.run([str(ROOT / "scripts" / "build_llama_server.sh")], check=True,
-                             capture_output=True, text=True, timeout=1800)
-        return out.stdout.strip().splitlines()[-1]
-    except (subprocess.SubprocessError, OSError, IndexError) as exc:
-        console.print(f"[yellow]skipping C++ llama-server: it could not be built ({exc})[/]")
+        return llama_server_path(build=True)
+    except RuntimeError as exc:
+        console.print("[bold yellow]C++ llama-server skipped: it could not be built (needs "
+                      f"cmake and a C++ compiler: apt-get install cmake g++): {exc}[/]")
         return None
 
 

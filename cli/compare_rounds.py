@@ -22,12 +22,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from cli.bench import Level, run_level
-from cli.compare import _process, llama_server_args, llama_server_binary
-from cli.stack import Stack
-from shared.models import gguf_path
-from shared.redis_server import free_port
-from shared.settings import Settings
+from tokenq.cli.bench import Level, run_level
+from tokenq.cli.compare import _process, llama_server_args, llama_server_binary
+from tokenq.cli.stack import Stack
+from tokenq.shared.models import gguf_path
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.settings import Settings
 
 TOKENQ, PEER, ENGINE = "tokenq", "llama-server (C++)", "engine in-process"
 
@@ -46,7 +46,7 @@ def compare_rounds(settings: Settings, model: str, levels: list[int], rounds: in
     runs: dict[str, dict[int, list[Level]]] = {TOKENQ: {}, PEER: {}}
     engine = None
     if inprocess:
-        from cli.inprocess import InProcess
+        from tokenq.cli.inprocess import InProcess
 
         engine = InProcess(settings, model)
         runs[ENGINE] = {}

@@ -18,12 +18,12 @@ from typing import Any
 
 from rich.console import Console
 
-from cli.bench import Level, budget_lines, render, run_level
-from cli.compare import _process, ratio_table
-from cli.stack import Stack
-from shared.models import gguf_path, has_nvidia_gpu, hf_dir
-from shared.redis_server import free_port
-from shared.settings import ModelConfig, Settings
+from tokenq.cli.bench import Level, budget_lines, render, run_level
+from tokenq.cli.compare import _process, ratio_table
+from tokenq.cli.stack import Stack
+from tokenq.shared.models import gguf_path, has_nvidia_gpu, hf_dir
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.settings import ModelConfig, Settings
 
 
 def vllm_server_args(folder: str, model: str, cfg: ModelConfig, port: int) -> list[str]:
@@ -50,14 +50,14 @@ def vllm_server_args(folder: str, model: str, cfg: ModelConfig, port: int) -> li
 def on_vllm(settings: Settings, model: str, console: Console) -> tuple[Settings, Path]:
     """Settings that serve `model` on the vLLM backend (from its converted Hugging Face
     folder, made once), and that folder for the peer server."""
-    from workers.engines.vllm_args import engine_env
+    from tokenq.workers.engines.vllm_args import engine_env
 
     for k, v in engine_env().items():  # the peer server inherits the same environment
         os.environ.setdefault(k, v)
     cfg = settings.models()[model]
     folder = hf_dir(model, cfg, settings.state_dir)
     if not (folder / "config.json").exists():
-        from workers.engines.hf_convert import convert_gguf
+        from tokenq.workers.engines.hf_convert import convert_gguf
 
         console.print(f"converting {model} for vLLM into {folder} (once)")
         convert_gguf(gguf_path(cfg, settings.state_dir), folder, cfg.chat_template)

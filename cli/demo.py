@@ -8,10 +8,10 @@ import time
 import httpx
 from rich.console import Console
 
-from cli.sse import stream_events
-from cli.stack import Stack
-from cli.transcripts import RESPONSE_FORMAT, TRANSCRIPTS, summary_messages
-from shared.settings import Settings
+from tokenq.cli.sse import stream_events
+from tokenq.cli.stack import Stack
+from tokenq.cli.transcripts import RESPONSE_FORMAT, TRANSCRIPTS, summary_messages
+from tokenq.shared.settings import Settings
 
 
 def run_demo(settings: Settings, port: int, transcript: str, max_tokens: int) -> int:

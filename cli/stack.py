@@ -23,11 +23,13 @@ from typing import IO, TYPE_CHECKING
 
 import httpx
 
-from shared.redis_server import EmbeddedRedis, die_with_parent
-from shared.settings import Settings
+import tokenq
+from tokenq.shared.models import missing_weights
+from tokenq.shared.redis_server import EmbeddedRedis, die_with_parent
+from tokenq.shared.settings import Settings
 
 if TYPE_CHECKING:
-    from cli.autoscale import Autoscaler
+    from tokenq.cli.autoscale import Autoscaler
 
 log = logging.getLogger("tokenq.stack")
 
@@ -35,7 +37,9 @@ log = logging.getLogger("tokenq.stack")
 # directory: `python -m` would otherwise put the working directory ahead of PYTHONPATH,
 # and a stack started from one checkout with PYTHONPATH=<another> would run the other's
 # client against this one's API and workers (an A/B of two trees that compares nothing).
-ROOT = Path(__file__).resolve().parents[1]
+# The folder holding the `tokenq` package: a checkout's root (where tokenq/api, ... link
+# to its top-level folders), or site-packages.
+ROOT = Path(tokenq.__file__).resolve().parents[1]
 # Installed (not a checkout): the children find it where the parent did; PYTHONPATH would
 # put all of site-packages ahead of the standard library.
 INSTALLED = str(ROOT) in {*site.getsitepackages(), site.getusersitepackages()}
@@ -45,6 +49,24 @@ def python_module(module: str, *args: str) -> list[str]:
     """argv for `python -m module args` that imports this tree's code (`-P`: no working
     directory on sys.path; _env puts a checkout's ROOT first on PYTHONPATH)."""
     return [sys.executable, "-P", "-m", module, *args]
+
+
+def default_models(settings: Settings) -> list[str]:
+    """What `tokenq up` serves when no --model is named: TOKENQ_SERVED_MODELS when set, else
+    the chat default and the embedding default (the latter only where its weights are
+    installed: its package is installed by hand, see missing_weights)."""
+    if settings.served_models:
+        return list(settings.served_models)
+    names: list[str] = []
+    registry = settings.models()
+    for name in settings.default_served():
+        cfg = registry.get(name)
+        hint = missing_weights(cfg, settings.state_dir) if cfg else None
+        if hint and name == settings.default_embedding_model and names:
+            log.warning("not serving %s: its weights are not installed (%s)", name, hint)
+            continue
+        names.append(name)
+    return names
 
 
 @dataclass
@@ -105,7 +127,7 @@ class Stack:
 
     def start_parts(self, worker_models: list[str] | None = None) -> Stack:
         """Start Redis (if embedded), the API, and workers for `worker_models` (all served)."""
-        self.models = self.models or self.settings.default_served()
+        self.models = self.models or default_models(self.settings)
         known = self.settings.models()
         for m in self.models:
             if m not in known:
@@ -116,7 +138,7 @@ class Stack:
             self.redis = EmbeddedRedis(Path(self.settings.state_dir) / "redis").start()
             self.redis_url = self.redis.url
             log.info("embedded redis-server on %s", self.redis_url)
-        self.api = self._spawn("api", python_module("api.server", "--host", self.host,
+        self.api = self._spawn("api", python_module("tokenq.api.server", "--host", self.host,
                                                     "--port", str(self.port)))
         for model in self.models if worker_models is None else worker_models:
             for _ in range(self.workers):
@@ -126,14 +148,14 @@ class Stack:
     def attach(self) -> Stack:
         """Use the external Redis of TOKENQ_REDIS_URL and start nothing (for the autoscaler)."""
         self.redis_url = self.settings.require_redis_url()
-        self.models = self.models or self.settings.default_served()
+        self.models = self.models or default_models(self.settings)
         return self
 
     def spawn_worker(self, model: str) -> subprocess.Popen[bytes]:
         """Start one worker process for `model` (not supervised: see add_worker)."""
         n = self._spawned[model] = self._spawned.get(model, -1) + 1
         return self._spawn(f"worker-{model}-{n}",
-                           python_module("cli.main", "worker", "--model", model))
+                           python_module("tokenq.cli.main", "worker", "--model", model))
 
     def add_worker(self, model: str) -> subprocess.Popen[bytes]:
         proc = self.spawn_worker(model)

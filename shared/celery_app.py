@@ -15,10 +15,10 @@ from typing import Any
 
 from celery import Celery
 
-from shared import keys
-from shared.jobs import dumps
-from shared.redis_conn import celery_broker
-from shared.settings import Settings
+from tokenq.shared import keys
+from tokenq.shared.jobs import dumps
+from tokenq.shared.redis_conn import celery_broker
+from tokenq.shared.settings import Settings
 
 GENERATE_TASK = "tokenq.generate"
 

@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from shared import keys
-from shared.schemas import JobErrorInfo, JobSpec
+from tokenq.shared import keys
+from tokenq.shared.schemas import JobErrorInfo, JobSpec
 
 T = TypeVar("T")
 Arg = str | int | float

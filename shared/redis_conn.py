@@ -40,7 +40,7 @@ if not hasattr(hiredis, "pack_command"):  # hiredis < 2 (redis 5.0's extra allow
     hiredis = None
 
 if TYPE_CHECKING:
-    from shared.settings import Settings
+    from tokenq.shared.settings import Settings
 
 class NoReplicasError(redis.exceptions.ResponseError):
     """NOREPLICAS: the primary refused a write for want of replicas (nothing was written:

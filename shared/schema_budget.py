@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from shared.settings import Settings
+from tokenq.shared.settings import Settings
 
 # Keywords whose integer value becomes a repetition count in the grammar.
 REPEAT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties",

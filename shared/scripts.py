@@ -21,7 +21,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from shared import keys
+from tokenq.shared import keys
 
 LUA_DIR = Path(__file__).parent / "lua"
 NAMES = ("create", "acquire", "append", "finish", "cancel", "requeue", "handback",

@@ -10,8 +10,8 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from shared.settings import GROUPS, Settings, SettingsProblem, config_file
-from shared.settings_legacy import RENAMED
+from tokenq.shared.settings import GROUPS, Settings, SettingsProblem, config_file
+from tokenq.shared.settings_legacy import RENAMED
 
 
 def check_config_file() -> None:

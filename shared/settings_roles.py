@@ -178,7 +178,7 @@ class WorkerSettings(BaseModel):
     @model_validator(mode="after")
     def _webhook_secrets_are_standard(self) -> WorkerSettings:
         """`whsec_<base64>` (Standard Webhooks), refused at start rather than at send."""
-        from shared.webhook_policy import secret_key
+        from tokenq.shared.webhook_policy import secret_key
 
         for name, secret in [("TOKENQ_WORKER__WEBHOOK_SECRET", self.webhook_secret),
                              *((f"TOKENQ_WORKER__WEBHOOK_SECRETS[{t}]", x)

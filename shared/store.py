@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 import redis
 import redis.asyncio as aioredis
 
-from shared import jobs, keys
-from shared.jobs import (
+from tokenq.shared import jobs, keys
+from tokenq.shared.jobs import (
     AcquireResult,
     AppendResult,
     Call,
@@ -29,9 +29,9 @@ from shared.jobs import (
     NewRejection,
     TokenWrite,
 )
-from shared.schemas import JobErrorInfo
-from shared.scripts import Scripts, raise_first_error, refused
-from shared.settings import Settings
+from tokenq.shared.schemas import JobErrorInfo
+from tokenq.shared.scripts import Scripts, raise_first_error, refused
+from tokenq.shared.settings import Settings
 
 T = TypeVar("T")
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import llama_cpp as ll
 
-from shared.chat import ChatRenderer
-from shared.llamacpp_dispatch import load_cpu_backend
-from shared.settings import ModelConfig, get_settings
+from tokenq.shared.chat import ChatRenderer
+from tokenq.shared.llamacpp_dispatch import load_cpu_backend
+from tokenq.shared.settings import ModelConfig, get_settings
 
-log = logging.getLogger("workers.engines.llamacpp")  # llama.cpp's own log lines
+log = logging.getLogger("tokenq.workers.engines.llamacpp")  # llama.cpp's own log lines
 
 
 _ABORTED = (b"failed to decode, ret = 2", b"compute status: 1", b"failed with error 1")

@@ -11,10 +11,10 @@ import httpx
 import pytest
 import redis
 
-from cli.stack import Stack
-from shared.redis_server import EmbeddedRedis, free_port
-from shared.settings import Settings
-from shared.settings_roles import ApiSettings
+from tokenq.cli.stack import Stack
+from tokenq.shared.redis_server import EmbeddedRedis, free_port
+from tokenq.shared.settings import Settings
+from tokenq.shared.settings_roles import ApiSettings
 
 # A model that the API serves but no worker consumes: its jobs stay queued.
 IDLE_MODEL = "smollm2-idle"

@@ -19,9 +19,9 @@ from typing import Any
 
 import redis
 
-from shared import keys
-from shared.adapters import AdapterAck, AdapterRecord, AdapterRef
-from workers.engines.base import Engine
+from tokenq.shared import keys
+from tokenq.shared.adapters import AdapterAck, AdapterRecord, AdapterRef
+from tokenq.workers.engines.base import Engine
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import redis
 
-from shared import keys
+from tokenq.shared import keys
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 from celery import Celery
 
-from shared import keys
-from shared.celery_app import task_message
-from shared.settings import Settings
-from shared.store import JobStore
-from workers.engines.base import Engine
-from workers.publisher import Publisher
+from tokenq.shared import keys
+from tokenq.shared.celery_app import task_message
+from tokenq.shared.settings import Settings
+from tokenq.shared.store import JobStore
+from tokenq.workers.engines.base import Engine
+from tokenq.workers.publisher import Publisher
 
 log = logging.getLogger(__name__)
 

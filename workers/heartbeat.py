@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 
 import redis
 
-from shared import keys
-from shared.metrics import WorkerMetrics
-from shared.schemas import WorkerHeartbeat
-from shared.settings import Settings
-from workers.adapters import AdapterWatcher
-from workers.engines.base import Engine
-from workers.leases import Leases
-from workers.reconciler import Reconciler
+from tokenq.shared import keys
+from tokenq.shared.metrics import WorkerMetrics
+from tokenq.shared.schemas import WorkerHeartbeat
+from tokenq.shared.settings import Settings
+from tokenq.workers.adapters import AdapterWatcher
+from tokenq.workers.engines.base import Engine
+from tokenq.workers.leases import Leases
+from tokenq.workers.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
 

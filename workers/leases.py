@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from shared.store import JobStore
-from workers.engines.base import Engine
-from workers.publisher import Publisher
+from tokenq.shared.store import JobStore
+from tokenq.workers.engines.base import Engine
+from tokenq.workers.publisher import Publisher
 
 log = logging.getLogger(__name__)
 

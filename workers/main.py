@@ -17,18 +17,18 @@ from celery import signals
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from shared import keys, logs
-from shared.celery_app import (
+from tokenq.shared import keys, logs
+from tokenq.shared.celery_app import (
     GENERATE_TASK,
     create_celery,
     tolerate_acks_after_connection_loss,
 )
-from shared.models import gguf_path, hf_dir, select_backend
-from shared.redis_conn import sync_client
-from shared.settings import ModelConfig, Settings
-from workers import tasks
-from workers.engines.base import Engine
-from workers.runtime import WorkerRuntime, bind, runtime_of
+from tokenq.shared.models import gguf_path, hf_dir, select_backend
+from tokenq.shared.redis_conn import sync_client
+from tokenq.shared.settings import ModelConfig, Settings
+from tokenq.workers import tasks
+from tokenq.workers.engines.base import Engine
+from tokenq.workers.runtime import WorkerRuntime, bind, runtime_of
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +40,13 @@ def build_engine(settings: Settings, model: str) -> Engine:
     cfg = settings.models()[model]
     backend = select_backend(cfg)
     if backend == "llama" and cfg.embedding:
-        from workers.engines.llamacpp_embed import LlamaEmbedEngine
+        from tokenq.workers.engines.llamacpp_embed import LlamaEmbedEngine
 
         if settings.worker.threads:
             cfg = cfg.model_copy(update={"n_threads": settings.worker.threads})
         return LlamaEmbedEngine(cfg, gguf_path(cfg, settings.state_dir))
     if backend == "llama":
-        from workers.engines.llamacpp import LlamaCppEngine
+        from tokenq.workers.engines.llamacpp import LlamaCppEngine
 
         if settings.worker.threads:
             cfg = cfg.model_copy(update={"n_threads": settings.worker.threads})
@@ -54,7 +54,7 @@ def build_engine(settings: Settings, model: str) -> Engine:
     if backend == "vllm":
         return _vllm_engine(settings, model, cfg)
     if backend == "fake":
-        from workers.engines.fake import FakeEngine
+        from tokenq.workers.engines.fake import FakeEngine
 
         return FakeEngine(cfg)
     raise SystemExit(f"backend {backend!r} for model {model!r} is unknown")
@@ -73,10 +73,10 @@ def _vllm_engine(settings: Settings, model: str, cfg: ModelConfig) -> Engine:
             f"model {model!r}: vLLM serves a Hugging Face folder and {path} has none; "
             f"run `tokenq models convert {model}` once (GGUF -> safetensors)")
     if cfg.embedding:
-        from workers.engines.vllm_embed import VllmEmbedEngine
+        from tokenq.workers.engines.vllm_embed import VllmEmbedEngine
 
         return VllmEmbedEngine(cfg, path)
-    from workers.engines.vllm import VllmEngine
+    from tokenq.workers.engines.vllm import VllmEngine
 
     return VllmEngine(cfg, path)
 

@@ -48,14 +48,14 @@ import redis
 from celery import Celery
 from redis.client import PubSub
 
-from shared import keys
-from shared.celery_app import task_message
-from shared.metrics import WorkerMetrics
-from shared.settings import Settings
-from shared.store import JobStore
-from workers.drain import LET_GO_S  # how long a handed-back job's engine gets to let go
-from workers.engines.base import Engine
-from workers.publisher import JobHandle, Publisher
+from tokenq.shared import keys
+from tokenq.shared.celery_app import task_message
+from tokenq.shared.metrics import WorkerMetrics
+from tokenq.shared.settings import Settings
+from tokenq.shared.store import JobStore
+from tokenq.workers.drain import LET_GO_S  # how long a handed-back job's engine gets to let go
+from tokenq.workers.engines.base import Engine
+from tokenq.workers.publisher import JobHandle, Publisher
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,18 @@ from dataclasses import dataclass, field, replace
 
 import redis
 
-from shared.jobs import Appended, AppendResult, Ended, Ending, FinishResult, TokenWrite, dumps
-from shared.schemas import EVENT_CANCELLED, EVENT_DONE, EVENT_ERROR
-from shared.store import JobStore
-from workers.engines.base import Finished, StepOutput, TokenDelta
+from tokenq.shared.jobs import (
+    Appended,
+    AppendResult,
+    Ended,
+    Ending,
+    FinishResult,
+    TokenWrite,
+    dumps,
+)
+from tokenq.shared.schemas import EVENT_CANCELLED, EVENT_DONE, EVENT_ERROR
+from tokenq.shared.store import JobStore
+from tokenq.workers.engines.base import Finished, StepOutput, TokenDelta
 
 log = logging.getLogger(__name__)
 

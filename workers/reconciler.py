@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 import redis
 from celery import Celery
 
-from shared import keys
-from shared.celery_app import task_message
-from shared.schemas import live_workers
-from shared.settings import Settings
-from shared.store import JobStore
+from tokenq.shared import keys
+from tokenq.shared.celery_app import task_message
+from tokenq.shared.schemas import live_workers
+from tokenq.shared.settings import Settings
+from tokenq.shared.store import JobStore
 
 log = logging.getLogger(__name__)
 

@@ -22,21 +22,21 @@ import redis
 from celery import Celery
 from prometheus_client import start_http_server
 
-from shared import tracing
-from shared.celery_app import create_celery
-from shared.metrics import WorkerMetrics
-from shared.settings import ModelConfig, Settings
-from shared.store import JobStore
-from workers.adapters import AdapterWatcher
-from workers.cancels import CancelWatcher
-from workers.drain import Drainer
-from workers.engines.base import Engine
-from workers.heartbeat import Heartbeat, advertised_metrics_host
-from workers.leases import Leases
-from workers.preempt import Preemptor
-from workers.publisher import Publisher
-from workers.reconciler import Reconciler
-from workers.webhooks import WebhookSender
+from tokenq.shared import tracing
+from tokenq.shared.celery_app import create_celery
+from tokenq.shared.metrics import WorkerMetrics
+from tokenq.shared.settings import ModelConfig, Settings
+from tokenq.shared.store import JobStore
+from tokenq.workers.adapters import AdapterWatcher
+from tokenq.workers.cancels import CancelWatcher
+from tokenq.workers.drain import Drainer
+from tokenq.workers.engines.base import Engine
+from tokenq.workers.heartbeat import Heartbeat, advertised_metrics_host
+from tokenq.workers.leases import Leases
+from tokenq.workers.preempt import Preemptor
+from tokenq.workers.publisher import Publisher
+from tokenq.workers.reconciler import Reconciler
+from tokenq.workers.webhooks import WebhookSender
 
 log = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ import redis
 from celery import Task
 from celery.exceptions import Reject
 
-from shared import keys, logs, tracing
-from shared.jobs import Acquired, Ending, dumps
-from shared.schemas import EVENT_CANCELLED, SamplingParams
-from workers.engines.base import EngineRequest
-from workers.publisher import JobHandle
-from workers.runtime import WorkerRuntime, runtime_of
+from tokenq.shared import keys, logs, tracing
+from tokenq.shared.jobs import Acquired, Ending, dumps
+from tokenq.shared.schemas import EVENT_CANCELLED, SamplingParams
+from tokenq.workers.engines.base import EngineRequest
+from tokenq.workers.publisher import JobHandle
+from tokenq.workers.runtime import WorkerRuntime, runtime_of
 
 log = logging.getLogger(__name__)
 

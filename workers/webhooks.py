@@ -37,10 +37,16 @@ import time
 import httpx
 import redis
 
-from shared import keys
-from shared.scripts import Scripts
-from shared.settings import Settings
-from shared.webhook_policy import AddressPolicy, UnsafeWebhook, resolve, secret_key, tenant_secret
+from tokenq.shared import keys
+from tokenq.shared.scripts import Scripts
+from tokenq.shared.settings import Settings
+from tokenq.shared.webhook_policy import (
+    AddressPolicy,
+    UnsafeWebhook,
+    resolve,
+    secret_key,
+    tenant_secret,
+)
 
 log = logging.getLogger(__name__)
 

@@ -23,14 +23,14 @@ from typing import Any
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from api import service
-from api.deps import AppState
-from api.errors import TokenqError
-from api.openai import files, protocol
-from api.openai.batch_store import BatchStore
-from shared import keys
-from shared.jobs import NewJob, NewRejection, QueueFull, TenantFull, dumps
-from shared.schemas import JobErrorInfo
+from tokenq.api import service
+from tokenq.api.deps import AppState
+from tokenq.api.errors import TokenqError
+from tokenq.api.openai import files, protocol
+from tokenq.api.openai.batch_store import BatchStore
+from tokenq.shared import keys
+from tokenq.shared.jobs import NewJob, NewRejection, QueueFull, TenantFull, dumps
+from tokenq.shared.schemas import JobErrorInfo
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import time
 
 import redis.asyncio as aioredis
 
-from shared import keys
-from shared.scripts import Scripts
+from tokenq.shared import keys
+from tokenq.shared.scripts import Scripts
 
 LEASE_MS = 30_000
 

@@ -26,15 +26,15 @@ from typing import Any
 
 from redis.exceptions import WatchError
 
-from api import idempotency, service
-from api.deps import AppState
-from api.errors import Conflict, IdempotencyInProgress, InvalidRequest, NotFound
-from api.idempotency import Idem
-from api.openai import files
-from api.openai.protocol import ENDPOINTS, final_response
-from shared import keys
-from shared.jobs import dumps
-from shared.schemas import JobRecord
+from tokenq.api import idempotency, service
+from tokenq.api.deps import AppState
+from tokenq.api.errors import Conflict, IdempotencyInProgress, InvalidRequest, NotFound
+from tokenq.api.idempotency import Idem
+from tokenq.api.openai import files
+from tokenq.api.openai.protocol import ENDPOINTS, final_response
+from tokenq.shared import keys
+from tokenq.shared.jobs import dumps
+from tokenq.shared.schemas import JobRecord
 
 WINDOWS = {"24h": 24 * 3600}
 TERMINAL = ("completed", "failed", "expired", "cancelled")

@@ -17,11 +17,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from api import service
-from api.deps import AppState
-from api.errors import InvalidRequest
-from api.openai import serving
-from shared.schemas import MAX_EMBED_INPUTS, JobRequest, Priority
+from tokenq.api import service
+from tokenq.api.deps import AppState
+from tokenq.api.errors import InvalidRequest
+from tokenq.api.openai import serving
+from tokenq.shared.schemas import MAX_EMBED_INPUTS, JobRequest, Priority
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from typing import Any, Literal
 
 from fastapi import UploadFile
 
-from api import durable
-from api.deps import AppState
-from api.errors import InvalidRequest, NotFound, PayloadTooLarge, QuotaExceeded
-from shared import keys
+from tokenq.api import durable
+from tokenq.api.deps import AppState
+from tokenq.api.errors import InvalidRequest, NotFound, PayloadTooLarge, QuotaExceeded
+from tokenq.shared import keys
 
 PIECE = 1 << 20
 Purpose = Literal["batch", "batch_output", "user_data", "fine-tune", "assistants", "vision",

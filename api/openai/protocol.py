@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from api.errors import InvalidRequest
-from api.openai.tool_parsers import tool_calls
-from api.openai.tools import Plan
-from shared.schemas import (
+from tokenq.api.errors import InvalidRequest
+from tokenq.api.openai.tool_parsers import tool_calls
+from tokenq.api.openai.tools import Plan
+from tokenq.shared.schemas import (
     MAX_TOP_LOGPROBS,
     ChatMessage,
     JobRecord,

@@ -19,10 +19,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from api import service
-from api.deps import AppState
-from api.errors import Conflict, InvalidRequest, JobExpired, JobFailed, TokenqError
-from api.openai.protocol import (
+from tokenq.api import service
+from tokenq.api.deps import AppState
+from tokenq.api.errors import Conflict, InvalidRequest, JobExpired, JobFailed, TokenqError
+from tokenq.api.openai.protocol import (
     ChatCompletionRequest,
     ChatEndpoint,
     CompletionRequest,
@@ -34,10 +34,10 @@ from api.openai.protocol import (
     now,
     usage,
 )
-from api.openai.tool_parsers import ToolStream
-from api.openai.tools import Plan, plan_for
-from shared.jobs import dumps
-from shared.schemas import JobRecord
+from tokenq.api.openai.tool_parsers import ToolStream
+from tokenq.api.openai.tools import Plan, plan_for
+from tokenq.shared.jobs import dumps
+from tokenq.shared.schemas import JobRecord
 
 log = logging.getLogger(__name__)
 _background: set[asyncio.Task[Any]] = set()  # cancels scheduled from closing streams

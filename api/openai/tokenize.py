@@ -10,13 +10,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api import adapters
-from api.deps import AppState
-from api.errors import InvalidRequest, ModelNotFound, Unavailable
-from shared import keys
-from shared.models import select_backend
-from shared.schemas import ChatMessage, live_workers
-from shared.settings import ModelConfig
+from tokenq.api import adapters
+from tokenq.api.deps import AppState
+from tokenq.api.errors import InvalidRequest, ModelNotFound, Unavailable
+from tokenq.shared import keys
+from tokenq.shared.models import select_backend
+from tokenq.shared.schemas import ChatMessage, live_workers
+from tokenq.shared.settings import ModelConfig
 
 MAX_DETOKENIZE = 131072
 

@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.openai.tools import Plan
+from tokenq.api.openai.tools import Plan
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _WS = " \t\r\n"

@@ -27,13 +27,13 @@ from typing import Any, Literal
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from api import adapters
-from api.deps import AppState
-from api.errors import InvalidRequest
-from shared.chat import renders_tools
-from shared.schema_budget import GrammarBudget, SchemaOverBudget, estimate, nesting
-from shared.schemas import JobRequest, NamedToolChoice, ToolDef
-from shared.settings import ModelConfig
+from tokenq.api import adapters
+from tokenq.api.deps import AppState
+from tokenq.api.errors import InvalidRequest
+from tokenq.shared.chat import renders_tools
+from tokenq.shared.schema_budget import GrammarBudget, SchemaOverBudget, estimate, nesting
+from tokenq.shared.schemas import JobRequest, NamedToolChoice, ToolDef
+from tokenq.shared.settings import ModelConfig
 
 MAX_TOOLS = 128
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")

@@ -7,10 +7,10 @@ from typing import Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from api import adapters
-from api.deps import AdminDep, StateDep
-from api.errors import NotFound
-from shared.adapters import NAME_PATTERN
+from tokenq.api import adapters
+from tokenq.api.deps import AdminDep, StateDep
+from tokenq.api.errors import NotFound
+from tokenq.shared.adapters import NAME_PATTERN
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 

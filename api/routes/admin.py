@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from api.deps import AdminDep, StateDep
-from shared import keys
-from shared.schemas import WorkerHeartbeat, live_workers
+from tokenq.api.deps import AdminDep, StateDep
+from tokenq.shared import keys
+from tokenq.shared.schemas import WorkerHeartbeat, live_workers
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 

@@ -7,10 +7,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Response
 from pydantic import BaseModel, ConfigDict
 
-from api import durable, idempotency
-from api.deps import StateDep, TenantDep
-from api.openai import batches
-from shared.schemas import Metadata
+from tokenq.api import durable, idempotency
+from tokenq.api.deps import StateDep, TenantDep
+from tokenq.api.openai import batches
+from tokenq.shared.schemas import Metadata
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 

@@ -7,8 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
 
-from api.deps import StateDep, TenantDep
-from api.openai import batches, files
+from tokenq.api.deps import StateDep, TenantDep
+from tokenq.api.openai import batches, files
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 

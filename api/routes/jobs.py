@@ -10,12 +10,12 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from api import idempotency, joblist, service
-from api.deps import AppState, StateDep, TenantDep
-from api.errors import InvalidRequest, RateLimited
-from api.streams import BadCursor, is_valid_id
-from shared.jobs import dumps
-from shared.schemas import TERMINAL_EVENTS, JobAccepted, JobRecord, JobRequest
+from tokenq.api import idempotency, joblist, service
+from tokenq.api.deps import AppState, StateDep, TenantDep
+from tokenq.api.errors import InvalidRequest, RateLimited
+from tokenq.api.streams import BadCursor, is_valid_id
+from tokenq.shared.jobs import dumps
+from tokenq.shared.schemas import TERMINAL_EVENTS, JobAccepted, JobRecord, JobRequest
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

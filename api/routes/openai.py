@@ -7,19 +7,19 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api import adapters
-from api.deps import PrincipalDep, StateDep, TenantDep
-from api.errors import ModelNotFound
-from api.openai import embeddings as embeddings_logic
-from api.openai import serving
-from api.openai.embeddings import EmbeddingRequest
-from api.openai.protocol import (
+from tokenq.api import adapters
+from tokenq.api.deps import PrincipalDep, StateDep, TenantDep
+from tokenq.api.errors import ModelNotFound
+from tokenq.api.openai import embeddings as embeddings_logic
+from tokenq.api.openai import serving
+from tokenq.api.openai.embeddings import EmbeddingRequest
+from tokenq.api.openai.protocol import (
     ChatCompletionRequest,
     ChatEndpoint,
     CompletionEndpoint,
     CompletionRequest,
 )
-from api.openai.tokenize import context_length
+from tokenq.api.openai.tokenize import context_length
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

@@ -12,9 +12,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
-from api.deps import MetricsDep, StateDep
-from shared import keys, schemas
-from shared.schemas import WorkerHeartbeat
+from tokenq.api.deps import MetricsDep, StateDep
+from tokenq.shared import keys, schemas
+from tokenq.shared.schemas import WorkerHeartbeat
 
 router = APIRouter(tags=["ops"])
 log = logging.getLogger(__name__)

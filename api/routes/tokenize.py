@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from api.deps import StateDep, TenantDep
-from api.openai import tokenize as logic
-from api.openai.tokenize import DetokenizeRequest, TokenizeRequest
+from tokenq.api.deps import StateDep, TenantDep
+from tokenq.api.openai import tokenize as logic
+from tokenq.api.openai.tokenize import DetokenizeRequest, TokenizeRequest
 
 router = APIRouter(tags=["openai"])
 

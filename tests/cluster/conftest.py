@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.redis_server import free_port
 from tests.cluster.ha import HA_ENV, HA_PROJECT, HA_SERVICES
 from tests.cluster.harness import ROOT, Cluster, wait_for
+from tokenq.shared.redis_server import free_port
 
 # Debian-built images where the compose file names registry ones (no registry here).
 BASE = os.environ.get("TOKENQ_BASE_IMAGE", "tokenq/debian-base:bookworm")

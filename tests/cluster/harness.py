@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import redis
 
-from cli.sse import Event, parse_lines
-from shared import keys as rkeys
+from tokenq.cli.sse import Event, parse_lines
+from tokenq.shared import keys as rkeys
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose" / "compose.yml"

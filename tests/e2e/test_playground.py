@@ -15,8 +15,8 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from cli.stack import Stack
 from tests.conftest import SMOL
+from tokenq.cli.stack import Stack
 
 CHROMIUM = "/usr/bin/chromium"
 DRIVER = "/usr/bin/chromedriver"
@@ -81,9 +81,9 @@ def test_page_streams_a_job_and_resumes_after_reload(stack: Stack, browser: webd
 def test_page_is_off_with_the_setting(stack: Stack) -> None:
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
-    from shared.settings import Settings
-    from shared.settings_roles import ApiSettings
+    from tokenq.api.app import create_app
+    from tokenq.shared.settings import Settings
+    from tokenq.shared.settings_roles import ApiSettings
 
     off = create_app(Settings(redis_url=stack.redis_url, api=ApiSettings(playground=False)))
     on = create_app(Settings(redis_url=stack.redis_url))

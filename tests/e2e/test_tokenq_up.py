@@ -13,8 +13,8 @@ import httpx
 import psutil
 import pytest
 
-from cli.sse import stream_events
-from shared.redis_server import free_port
+from tokenq.cli.sse import stream_events
+from tokenq.shared.redis_server import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def test_up_serves_a_job_and_sigterm_leaves_no_process(tmp_path: Path) -> None:
             raise AssertionError("tokenq up never became ready")
         children = psutil.Process(proc.pid).children(recursive=True)
         names = " ".join(_cmdline(c) for c in children)
-        assert "redis-server" in names and "api.server" in names and "worker" in names
+        assert "redis-server" in names and "tokenq.api.server" in names and "worker" in names
 
         with httpx.Client(base_url=url, timeout=60) as client:
             job = client.post("/v1/jobs", json={

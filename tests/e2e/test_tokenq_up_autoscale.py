@@ -14,8 +14,8 @@ import httpx
 import psutil
 import pytest
 
-from cli.sse import stream_events
-from shared.redis_server import free_port
+from tokenq.cli.sse import stream_events
+from tokenq.shared.redis_server import free_port
 
 pytestmark = pytest.mark.slow
 

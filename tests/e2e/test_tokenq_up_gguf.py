@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.models import gguf_path
-from shared.redis_server import free_port
-from shared.settings import default_models
 from tokenq.client import Client
+from tokenq.shared.models import gguf_path
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.settings import default_models
 
 pytestmark = pytest.mark.slow
 

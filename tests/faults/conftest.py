@@ -8,8 +8,8 @@ import httpx
 import pytest
 import redis
 
-from cli.stack import Stack
 from tests.faults.harness import fake_stack, redis_of
+from tokenq.cli.stack import Stack
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -10,10 +10,10 @@ import json
 import sys
 import threading
 
-from shared.models import gguf_path
-from shared.settings import ModelConfig, Settings
-from shared.vocab import Vocab
-from workers.engines.llamacpp_sampling import check_grammar
+from tokenq.shared.models import gguf_path
+from tokenq.shared.settings import ModelConfig, Settings
+from tokenq.shared.vocab import Vocab
+from tokenq.workers.engines.llamacpp_sampling import check_grammar
 
 
 def main() -> int:

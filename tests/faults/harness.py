@@ -16,12 +16,12 @@ from typing import Any
 import httpx
 import redis
 
-from cli.stack import Stack
-from shared import keys
-from shared.redis_server import free_port
-from shared.schemas import TERMINAL_EVENTS, TERMINAL_STATES
-from shared.settings import Settings
-from workers.engines.fake import expected_output
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.schemas import TERMINAL_EVENTS, TERMINAL_STATES
+from tokenq.shared.settings import Settings
+from tokenq.workers.engines.fake import expected_output
 
 FAKE = "fake"
 FAKE_IDLE = "fake-idle"  # served by the API, consumed by no worker: its jobs stay queued

@@ -17,9 +17,9 @@ import httpx
 import pytest
 import redis
 
-from cli.sse import Event, stream_events
-from cli.stack import Stack
 from tests.faults.harness import FAKE, fake_stack, redis_of
+from tokenq.cli.sse import Event, stream_events
+from tokenq.cli.stack import Stack
 
 HKEYS = {"alpha": "hk-alpha", "beta": "hk-beta", "admin": "hk-admin", "rush": "hk-rush",
          "prom": "hk-prom"}

@@ -16,8 +16,8 @@ from typing import Any
 
 import redis
 
-from shared.redis_server import EmbeddedRedis, die_with_parent, find_redis_server, free_port
-from shared.settings import Settings
+from tokenq.shared.redis_server import EmbeddedRedis, die_with_parent, find_redis_server, free_port
+from tokenq.shared.settings import Settings
 
 MASTER = "tokenq-ha"  # not the default, so the setting is exercised
 # A replica's first sync without a 5 s wait (diskless, no delay).

@@ -12,9 +12,9 @@ import httpx
 import pytest
 import redis
 
-from cli.stack import Stack
 from tests.faults.conftest import KEYS
 from tests.faults.harness import FAKE
+from tokenq.cli.stack import Stack
 
 OK = {"model": FAKE, "prompt": "hi", "max_tokens": 2}
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 
-from cli.stack import Stack
 from tests.faults.conftest import auth
 from tests.faults.harness import FAKE
+from tokenq.cli.stack import Stack
 
 
 def wait_output(client: httpx.Client, job_id: str) -> str:

@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.stack import Stack
-from shared import keys
 from tests.faults.harness import FAKE, FAKE_IDLE, fake_stack, read_job, redis_of, wait_terminal
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
 
 LIMITS = {
     "TOKENQ_API_KEYS": "ka:a,kb:b,kc:c,kr:r,kt:t,ks:s,kd:d",
@@ -109,7 +109,7 @@ def test_open_streams_per_tenant(limits_stack: Stack) -> None:
 
 
 def test_keys_file_with_hashed_keys(tmp_path: Path) -> None:
-    from api.auth import hash_key, load_keys_file
+    from tokenq.api.auth import hash_key, load_keys_file
 
     path = tmp_path / "keys"
     path.write_text(f"# hashed keys\nsha256:{hash_key('s3cret')} acme\n"

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from cli.stack import Stack
-from shared import keys
 from tests.faults.harness import FAKE_IDLE, fake_stack, redis_of
 from tests.faults.test_hostile_batches import client, inject_batch, wait_done
 from tests.integration.test_openai_batches import chat_line, jsonl
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
 
 LIMIT = 4
 # line n: True a valid line (its queue has no worker), False one whose model is gone

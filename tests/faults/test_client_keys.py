@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from cli.stack import Stack
 from tests.faults.conftest import KEYS
 from tests.faults.harness import FAKE, FAKE_IDLE
+from tokenq.cli.stack import Stack
 from tokenq.client import APIError, Client, TokenEvent
 
 

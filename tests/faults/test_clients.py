@@ -10,11 +10,11 @@ import time
 import httpx
 import redis
 
-from cli.sse import Event, stream_events
-from cli.stack import Stack
-from shared import keys
 from tests.faults.conftest import KEYS
 from tests.faults.harness import check_exactly_once, submit, wait_terminal
+from tokenq.cli.sse import Event, stream_events
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
 
 
 def read_tokens(client: httpx.Client, path: str, n: int) -> float:

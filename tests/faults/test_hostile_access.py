@@ -15,12 +15,12 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from cli.stack import Stack
-from shared import keys
-from shared.redis_server import free_port
 from tests.faults.harness import FAKE, submit, wait_terminal
 from tests.faults.hostile import client, hostile, hredis, logs_of
 from tests.faults.test_abusive_input import assert_envelope
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
+from tokenq.shared.redis_server import free_port
 
 __all__ = ["hostile", "hredis"]  # fixtures, used by name
 
@@ -39,10 +39,11 @@ def test_production_without_keys_refuses_every_entry_point() -> None:
     naming the missing keys, and none ever listens."""
     port = free_port()
     commands = [
-        [sys.executable, "-m", "uvicorn", "api.app:app_from_env", "--factory",
+        [sys.executable, "-m", "uvicorn", "tokenq.api.app:app_from_env", "--factory",
          "--host", "127.0.0.1", "--port", str(port)],
-        [sys.executable, "-m", "api.server", "--host", "127.0.0.1", "--port", str(port)],
-        [sys.executable, "-m", "cli.main", "api", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "tokenq.api.server", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "tokenq.cli.main", "api", "--host", "127.0.0.1",
+         "--port", str(port)],
     ]
     for cmd in commands:
         done = subprocess.run(cmd, env=_env(NO_KEYS_PROD), cwd=Path.cwd(), timeout=60,
@@ -65,7 +66,7 @@ def test_metrics_targets_only_for_admin_or_metrics_keys(hostile: Stack) -> None:
 
 def test_ready_does_not_tell_redis_errors() -> None:
     """Unauthenticated /ready with Redis unreachable: a generic word, the detail in the log."""
-    from api.routes.ops import ready
+    from tokenq.api.routes.ops import ready
 
     class State:  # the two attributes /ready reads
         def __init__(self) -> None:

@@ -19,12 +19,12 @@ import openai
 import pytest
 import redis
 
-from api.openai.batch_driver import MAX_DRIVER_FAILURES
-from cli.stack import Stack
-from shared import keys
 from tests.faults.conftest import KEYS
 from tests.faults.harness import FAKE, fake_stack, redis_of
 from tests.integration.test_openai_batches import chat_line, jsonl
+from tokenq.api.openai.batch_driver import MAX_DRIVER_FAILURES
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
 
 NESTED = json.loads('{"type": "object", "properties": {"a": ' * 100 + "{}" + "}}" * 100)
 

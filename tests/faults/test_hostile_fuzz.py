@@ -14,9 +14,9 @@ from typing import Any
 
 import httpx
 
-from cli.stack import Stack
 from tests.faults.harness import FAKE, FAKE_IDLE
 from tests.faults.hostile import client, hostile, logs_of
+from tokenq.cli.stack import Stack
 
 __all__ = ["hostile"]  # fixture, used by name
 

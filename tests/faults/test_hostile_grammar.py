@@ -21,11 +21,6 @@ import httpx
 import pytest
 import redis
 
-from cli.sse import stream_events
-from cli.stack import Stack
-from shared import keys
-from shared.redis_server import free_port
-from shared.settings import Settings
 from tests.faults.conftest import KEYS, auth
 from tests.faults.harness import (
     BASE_ENV,
@@ -38,6 +33,11 @@ from tests.faults.harness import (
     wait_terminal,
 )
 from tests.faults.test_abusive_input import assert_envelope
+from tokenq.cli.sse import stream_events
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.settings import Settings
 
 CRASHER = {"type": "string", "maxLength": 20000}
 SMOL_NAME = "smollm2-135m-instruct"

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import redis
 
-from cli.stack import Stack
-from shared import keys
-from shared.settings import Settings
 from tests.faults.harness import FAKE, submit, wait_terminal
 from tests.faults.hostile import MAX_FILE_BYTES, MAX_FILES, client, hostile, hredis
 from tests.faults.test_abusive_input import assert_envelope
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
+from tokenq.shared.settings import Settings
 
 __all__ = ["hostile", "hredis"]  # fixtures, used by name
 

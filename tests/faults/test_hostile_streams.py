@@ -10,14 +10,14 @@ import time
 import pytest
 import redis
 
-from api.streams import BadCursor, StreamHub, hub_client
-from cli.sse import parse_lines, stream_events
-from cli.stack import Stack
-from shared import keys
-from shared.settings import Settings
 from tests.faults.harness import FAKE, FAKE_IDLE, check_exactly_once, submit, wait_terminal
 from tests.faults.hostile import BLOCK_MS, Victim, client, hostile, hredis, logs_of
 from tests.faults.test_abusive_input import assert_envelope
+from tokenq.api.streams import BadCursor, StreamHub, hub_client
+from tokenq.cli.sse import parse_lines, stream_events
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
+from tokenq.shared.settings import Settings
 
 __all__ = ["hostile", "hredis"]  # fixtures, used by name
 
@@ -154,7 +154,7 @@ def test_openai_streams_ignore_last_event_id(hostile: Stack, route: str) -> None
 
 
 def test_stream_ids_validated_strictly() -> None:
-    from api.streams import is_valid_id
+    from tokenq.api.streams import is_valid_id
 
     assert is_valid_id("1700000000000-0") and is_valid_id("0-0")
     assert is_valid_id("18446744073709551615-18446744073709551615")

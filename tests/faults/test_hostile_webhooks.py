@@ -27,14 +27,14 @@ import redis
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from shared import keys
-from shared.redis_server import free_port
-from shared.settings import Settings
-from shared.webhook_policy import AddressPolicy, is_public, literal_ip, tenant_secret
 from tests.faults.conftest import KEYS, auth
 from tests.faults.harness import FAKE, fake_stack, redis_of, wait_terminal
 from tests.faults.test_abusive_input import assert_envelope, counts
-from workers.webhooks import WebhookSender
+from tokenq.shared import keys
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.settings import Settings
+from tokenq.shared.webhook_policy import AddressPolicy, is_public, literal_ip, tenant_secret
+from tokenq.workers.webhooks import WebhookSender
 
 MASTER = "whsec_" + base64.b64encode(b"master-secret-of-the-fault-tests").decode()
 ALPHA_SECRET = "whsec_" + base64.b64encode(b"alpha's very own webhook secret!").decode()
@@ -249,7 +249,7 @@ def test_send_time_check_and_pinning(r: redis.Redis, monkeypatch: pytest.MonkeyP
     (the name `rebind.invalid` never resolves: only the pinned address is used), with the
     name in the Host header; (3) an event whose attempts are used up (its senders died
     mid-send) is given up, not sent again."""
-    import workers.webhooks as wh
+    import tokenq.workers.webhooks as wh
 
     hidden = Receiver("ok", host="127.0.0.2")  # loopback, but not allowlisted
     pinned = Receiver("ok")

@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 import redis
 
-from cli.stack import Stack
-from shared import keys
-from shared.celery_app import GENERATE_TASK, create_celery
-from shared.jobs import dumps
-from shared.settings import Settings
 from tests.faults.harness import FAKE, FAKE_IDLE, check_exactly_once, submit, wait_terminal
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
+from tokenq.shared.celery_app import GENERATE_TASK, create_celery
+from tokenq.shared.jobs import dumps
+from tokenq.shared.settings import Settings
 
 
 class Touch:

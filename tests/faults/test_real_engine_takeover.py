@@ -9,9 +9,9 @@ import time
 
 import httpx
 
-from cli.sse import Event, stream_events
-from cli.stack import Stack
 from tests.conftest import GEMMA
+from tokenq.cli.sse import Event, stream_events
+from tokenq.cli.stack import Stack
 
 
 def stream_through(client: httpx.Client, stack: Stack, sig: signal.Signals,

@@ -22,14 +22,14 @@ from fastapi.testclient import TestClient
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from api.app import create_app
-from cli.stack import Stack
-from shared import keys
-from shared.redis_conn import async_client, sync_client
-from shared.redis_server import free_port
-from shared.settings_roles import ApiSettings
 from tests.faults.harness import BASE_ENV, FAKE, check_exactly_once, wait_terminal
 from tests.faults.sentinel_deploy import SentinelDeployment, sentinel_deployment, wait_for
+from tokenq.api.app import create_app
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
+from tokenq.shared.redis_conn import async_client, sync_client
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.settings_roles import ApiSettings
 
 
 @pytest.fixture

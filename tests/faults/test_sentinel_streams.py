@@ -28,14 +28,14 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from cli.sse import Event, parse_lines
-from cli.stack import Stack
-from shared.redis_conn import sync_client
-from shared.redis_server import free_port
-from shared.schemas import TERMINAL_EVENTS
 from tests.faults.harness import BASE_ENV, FAKE, check_exactly_once, wait_terminal
 from tests.faults.sentinel_deploy import SentinelDeployment, sentinel_deployment, wait_for
-from workers.engines.fake import expected_output
+from tokenq.cli.sse import Event, parse_lines
+from tokenq.cli.stack import Stack
+from tokenq.shared.redis_conn import sync_client
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.schemas import TERMINAL_EVENTS
+from tokenq.workers.engines.fake import expected_output
 
 N = 600  # tokens of the job (6 s at 100 tokens/s, longer on a loaded machine)
 RATE = 100.0

@@ -11,10 +11,10 @@ import uuid
 import httpx
 import redis
 
-from cli.stack import Stack
-from shared import keys
 from tests.faults.conftest import auth
 from tests.faults.harness import FAKE, FAKE_IDLE, submit, wait_terminal
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
 
 PUBLIC = {"/health", "/ready", "/metrics"}
 

@@ -11,16 +11,17 @@ import time
 
 import httpx
 
-from cli.sse import Event, stream_events
-from cli.stack import Stack
-from shared.redis_server import free_port
 from tests.conftest import GEMMA, SMOL
+from tokenq.cli.sse import Event, stream_events
+from tokenq.cli.stack import Stack
+from tokenq.shared.redis_server import free_port
 
 
 def test_api_drain_refuses_new_jobs_and_lets_open_streams_finish(stack: Stack) -> None:
     port = free_port()
     env = {**os.environ, "TOKENQ_REDIS_URL": stack.redis_url, "TOKENQ_API__DRAIN_S": "600"}
-    proc = subprocess.Popen([sys.executable, "-m", "api.server", "--port", str(port)], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "tokenq.api.server", "--port", str(port)],
+                            env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30

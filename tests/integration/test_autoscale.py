@@ -16,13 +16,13 @@ import httpx
 import pytest
 import redis
 
-from cli.autoscale import Autoscaler
-from cli.scaling import Policy
-from cli.sse import Event, stream_events
-from cli.stack import Stack
-from shared import keys
-from shared.redis_server import EmbeddedRedis, free_port
-from shared.settings import Settings
+from tokenq.cli.autoscale import Autoscaler
+from tokenq.cli.scaling import Policy
+from tokenq.cli.sse import Event, stream_events
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
+from tokenq.shared.redis_server import EmbeddedRedis, free_port
+from tokenq.shared.settings import Settings
 
 MODEL = "smollm2-scale"
 SLOTS = 2

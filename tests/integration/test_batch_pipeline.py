@@ -11,8 +11,8 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from shared import keys
-from shared.jobs import (
+from tokenq.shared import keys
+from tokenq.shared.jobs import (
     Created,
     CreateResult,
     Exists,
@@ -22,10 +22,10 @@ from shared.jobs import (
     TenantFull,
     dumps,
 )
-from shared.redis_server import EmbeddedRedis
-from shared.schemas import JobErrorInfo
-from shared.settings import Settings
-from shared.store import AsyncJobStore
+from tokenq.shared.redis_server import EmbeddedRedis
+from tokenq.shared.schemas import JobErrorInfo
+from tokenq.shared.settings import Settings
+from tokenq.shared.store import AsyncJobStore
 
 SETTINGS = Settings(stream_maxlen=1000, result_ttl_s=60)
 # The chunk: True a line to create, False a line rejected at enqueue.

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from cli.bench_mixed import MixedConfig, arrival_times, run_mixed
-from shared.settings import Settings
 from tests.conftest import SMOL
+from tokenq.cli.bench_mixed import MixedConfig, arrival_times, run_mixed
+from tokenq.shared.settings import Settings
 
 
 def test_arrivals_are_poisson_and_the_same_each_run() -> None:

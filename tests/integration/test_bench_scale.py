@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from cli.bench_scale import ScaleConfig, run_scale
+from tokenq.cli.bench_scale import ScaleConfig, run_scale
 
 
 def test_scale_bench_produces_figures_and_loses_nothing(tmp_path: Path) -> None:

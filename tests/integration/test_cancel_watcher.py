@@ -9,15 +9,15 @@ import time
 
 import redis
 
-from shared import keys
-from shared.jobs import dumps
-from shared.schemas import JobSpec, SamplingParams
-from shared.settings import ModelConfig, Settings, WorkerSettings
-from shared.store import JobStore
-from workers.cancels import CancelWatcher
-from workers.engines.fake import FakeEngine
-from workers.runtime import WorkerRuntime
-from workers.tasks import run_job
+from tokenq.shared import keys
+from tokenq.shared.jobs import dumps
+from tokenq.shared.schemas import JobSpec, SamplingParams
+from tokenq.shared.settings import ModelConfig, Settings, WorkerSettings
+from tokenq.shared.store import JobStore
+from tokenq.workers.cancels import CancelWatcher
+from tokenq.workers.engines.fake import FakeEngine
+from tokenq.workers.runtime import WorkerRuntime
+from tokenq.workers.tasks import run_job
 
 
 def test_each_cancel_is_passed_on_once_and_only_for_watched_jobs(r: redis.Redis) -> None:

@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 from typer.testing import CliRunner
 
-from cli.main import app
-from cli.stack import Stack
 from tests.conftest import NO_WORKER_MODEL, SMOL
 from tokenq import __version__
+from tokenq.cli.main import app
+from tokenq.cli.stack import Stack
 
 runner = CliRunner()
 
@@ -60,7 +60,7 @@ def test_batch_submit_watch_shows_progress(stack: Stack, tmp_path: Path) -> None
 
 def one_line_error(env: dict[str, str]) -> str:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TOKENQ_")}
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "models", "list"],
+    proc = subprocess.run([sys.executable, "-m", "tokenq.cli.main", "models", "list"],
                           env={**base, **env}, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
@@ -79,7 +79,7 @@ def test_settings_errors_are_one_line(tmp_path: Path) -> None:
 
 def test_served_models_takes_plain_names() -> None:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TOKENQ_")}
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "models", "list"],
+    proc = subprocess.run([sys.executable, "-m", "tokenq.cli.main", "models", "list"],
                           env={**base, "TOKENQ_SERVED_MODELS": "smollm2-135m-instruct"},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -95,12 +95,12 @@ def test_every_flag_has_an_env_twin(stack: Stack) -> None:
 def test_toml_config_file(tmp_path: Path) -> None:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TOKENQ_")}
     (tmp_path / "tokenq.toml").write_text('served_models = ["gemma3-270m"]\n')
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "models", "list"], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-m", "tokenq.cli.main", "models", "list"], cwd=tmp_path,
                           env=base, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert [ln.split("\t")[0] for ln in proc.stdout.splitlines()] == ["gemma3-270m"]
     # a variable wins over the file
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "models", "list"], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-m", "tokenq.cli.main", "models", "list"], cwd=tmp_path,
                           env={**base, "TOKENQ_SERVED_MODELS": SMOL}, capture_output=True,
                           text=True, timeout=60)
     assert [ln.split("\t")[0] for ln in proc.stdout.splitlines()] == [SMOL]

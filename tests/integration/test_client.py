@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from cli.stack import Stack
-from shared.redis_server import free_port
 from tests.conftest import SMOL
 from tests.proxy import Proxy
+from tokenq.cli.stack import Stack
 from tokenq.client import AsyncClient, Client, DoneEvent, TokenEvent
+from tokenq.shared.redis_server import free_port
 
 STORY = "Write a long story about a dragon who learns to bake bread. Use many details."
 
@@ -61,7 +61,7 @@ def test_stream_moves_to_another_replica(stack: Stack, tq: Client) -> None:
     """Two API processes; the one streaming is SIGKILLed mid-stream; the client goes on
     from the other with Last-Event-ID."""
     port = free_port()
-    extra = stack._spawn("api-extra", [sys.executable, "-m", "api.server",
+    extra = stack._spawn("api-extra", [sys.executable, "-m", "tokenq.api.server",
                                        "--host", stack.host, "--port", str(port)])
     url = f"http://{stack.host}:{port}"
     try:

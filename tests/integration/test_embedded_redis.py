@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from shared.redis_server import EmbeddedRedis
+from tokenq.shared.redis_server import EmbeddedRedis
 
 
 def test_an_aof_that_is_mostly_history_is_rewritten_at_start(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ import time
 
 import redis
 
-from shared import keys
-from shared.jobs import (
+from tokenq.shared import keys
+from tokenq.shared.jobs import (
     Acquired,
     AcquireResult,
     Appended,
@@ -27,10 +27,10 @@ from shared.jobs import (
     TokenWrite,
     dumps,
 )
-from shared.schemas import JobSpec, SamplingParams
-from shared.settings import Settings
-from shared.settings_roles import WorkerSettings
-from shared.store import JobStore
+from tokenq.shared.schemas import JobSpec, SamplingParams
+from tokenq.shared.settings import Settings
+from tokenq.shared.settings_roles import WorkerSettings
+from tokenq.shared.store import JobStore
 
 JOB = "job_t1"
 TENANT_QUEUED = keys.tenant_queued("t")
@@ -296,8 +296,8 @@ def test_running_index_and_requeue_after_lease_expiry(r: redis.Redis) -> None:
 def test_publisher_tells_the_engine_of_a_cancel_within_one_step(r: redis.Redis) -> None:
     """A cancel requested while the job streams reaches the engine on the next token
     write (no poll interval), once, however many steps are still in flight."""
-    from workers.engines.base import StepOutput, TokenDelta
-    from workers.publisher import Publisher
+    from tokenq.workers.engines.base import StepOutput, TokenDelta
+    from tokenq.workers.publisher import Publisher
 
     create(r)
     acquire(r)
@@ -322,8 +322,8 @@ def test_publisher_tells_the_engine_of_a_cancel_within_one_step(r: redis.Redis) 
 def test_publisher_flushes_a_step_only_once_it_is_in_redis(r: redis.Redis) -> None:
     """StepOutput.flushed (what the engine waits on after a first token) is set after the
     step's events are in the job's stream, for coalesced steps too."""
-    from workers.engines.base import StepOutput, TokenDelta
-    from workers.publisher import Publisher
+    from tokenq.workers.engines.base import StepOutput, TokenDelta
+    from tokenq.workers.publisher import Publisher
 
     create(r)
     acquire(r)

@@ -8,9 +8,9 @@ import time
 import httpx
 import redis
 
-from cli.sse import Event, stream_events
-from cli.stack import Stack
 from tests.conftest import GEMMA, IDLE_MODEL, SMOL
+from tokenq.cli.sse import Event, stream_events
+from tokenq.cli.stack import Stack
 
 CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
@@ -67,7 +67,7 @@ def test_resume_with_last_event_id_yields_exactly_the_rest(client: httpx.Client)
     # ?last_event_id= works the same way
     with client.stream("GET", f"/v1/jobs/{job_id}/events",
                        params={"last_event_id": middle.id}) as resp:
-        from cli.sse import parse_lines
+        from tokenq.cli.sse import parse_lines
 
         via_query = list(parse_lines(resp.iter_lines()))
     assert [e.id for e in via_query] == [e.id for e in rest]

@@ -8,8 +8,8 @@ import uuid
 import httpx
 import redis
 
-from shared import keys
 from tests.conftest import NO_WORKER_MODEL, SMOL
+from tokenq.shared import keys
 
 
 def idle_jobs(client: httpx.Client, n: int, tag: str) -> list[str]:

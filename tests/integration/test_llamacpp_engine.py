@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from shared.models import gguf_path
-from shared.schemas import SamplingParams
-from shared.settings import Settings
-from workers.engines.base import EngineRequest, Finished, StepOutput
-from workers.engines.llamacpp import LlamaCppEngine
+from tokenq.shared.models import gguf_path
+from tokenq.shared.schemas import SamplingParams
+from tokenq.shared.settings import Settings
+from tokenq.workers.engines.base import EngineRequest, Finished, StepOutput
+from tokenq.workers.engines.llamacpp import LlamaCppEngine
 
 PROMPTS = [f"Write one sentence about the number {i}." for i in range(8)]
 

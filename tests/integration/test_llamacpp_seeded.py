@@ -12,15 +12,20 @@ import llama_cpp as ll
 import numpy as np
 import pytest
 
-from shared.models import gguf_path
-from shared.schemas import SamplingParams
-from shared.settings import Settings
-from shared.vocab import Vocab
 from tests.conftest import GEMMA
 from tests.integration.test_llamacpp_engine import PROMPTS, start_engine
-from workers.engines.base import EngineRequest
-from workers.engines.llamacpp_context import create_context
-from workers.engines.llamacpp_sampling import BLOCK, FAST_CANDIDATES, Sampler, top_k_candidates
+from tokenq.shared.models import gguf_path
+from tokenq.shared.schemas import SamplingParams
+from tokenq.shared.settings import Settings
+from tokenq.shared.vocab import Vocab
+from tokenq.workers.engines.base import EngineRequest
+from tokenq.workers.engines.llamacpp_context import create_context
+from tokenq.workers.engines.llamacpp_sampling import (
+    BLOCK,
+    FAST_CANDIDATES,
+    Sampler,
+    top_k_candidates,
+)
 
 
 def seeded(job_id: str, prompt: str, seed: int) -> EngineRequest:

@@ -11,7 +11,7 @@ import llama_cpp as ll
 import pytest
 
 from tests.integration.test_llamacpp_engine import PROMPTS, Collector, request, start_engine
-from workers.engines.llamacpp import LlamaCppEngine
+from tokenq.workers.engines.llamacpp import LlamaCppEngine
 
 
 @pytest.fixture

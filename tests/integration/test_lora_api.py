@@ -14,11 +14,11 @@ import httpx
 import openai
 import pytest
 
-from cli.stack import Stack
-from shared.models import gguf_path
-from shared.settings import Settings
 from tests.conftest import SMOL
 from tests.lora_fixtures import write_gguf_lora
+from tokenq.cli.stack import Stack
+from tokenq.shared.models import gguf_path
+from tokenq.shared.settings import Settings
 
 CHAT = [{"role": "user", "content": "Name three colours."}]
 NAME = "smol-support"

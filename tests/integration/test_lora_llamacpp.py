@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from shared.adapters import AdapterRef
-from shared.models import gguf_path
-from shared.settings import Settings
 from tests.integration.test_llamacpp_engine import Collector, request, start_engine
 from tests.lora_fixtures import write_gguf_lora
-from workers.engines.llamacpp import LlamaCppEngine
+from tokenq.shared.adapters import AdapterRef
+from tokenq.shared.models import gguf_path
+from tokenq.shared.settings import Settings
+from tokenq.workers.engines.llamacpp import LlamaCppEngine
 
 PROMPT = "Name three colours."
 

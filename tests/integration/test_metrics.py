@@ -9,8 +9,8 @@ import time
 import httpx
 import redis
 
-from cli.sse import stream_events
 from tests.conftest import NO_WORKER_MODEL, SMOL
+from tokenq.cli.sse import stream_events
 
 
 def value(text: str, name: str, **labels: str) -> float:

@@ -1,5 +1,5 @@
 """A primary under min-replicas-to-write with no replica answers writes NOREPLICAS. Every
-client reads that as shared.redis_conn.NoReplicasError, a ResponseError that kombu counts
+client reads that as tokenq.shared.redis_conn.NoReplicasError, a ResponseError that kombu counts
 as a connection error, so Celery's consumer reconnects (with a plain ResponseError the
 worker stopped: seen in the Sentinel cluster runs)."""
 
@@ -14,9 +14,9 @@ import redis
 from kombu.connection import Connection
 from kombu.transport.redis import SentinelTransport, Transport
 
-from shared.redis_conn import NoReplicasError, async_client, sync_client
-from shared.redis_server import EmbeddedRedis
-from shared.settings import Settings
+from tokenq.shared.redis_conn import NoReplicasError, async_client, sync_client
+from tokenq.shared.redis_server import EmbeddedRedis
+from tokenq.shared.settings import Settings
 
 
 @pytest.fixture

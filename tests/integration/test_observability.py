@@ -17,15 +17,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from api.app import create_app
-from shared import logs
-from shared.redis_server import EmbeddedRedis
-from shared.settings import Settings
-from shared.settings_roles import WorkerSettings
 from tests.conftest import SMOL
-from workers.main import build_engine
-from workers.runtime import WorkerRuntime
-from workers.tasks import run_job
+from tokenq.api.app import create_app
+from tokenq.shared import logs
+from tokenq.shared.redis_server import EmbeddedRedis
+from tokenq.shared.settings import Settings
+from tokenq.shared.settings_roles import WorkerSettings
+from tokenq.workers.main import build_engine
+from tokenq.workers.runtime import WorkerRuntime
+from tokenq.workers.tasks import run_job
 
 EXPORTER = InMemorySpanExporter()
 

@@ -11,9 +11,9 @@ import openai
 import pytest
 import redis
 
-from cli.stack import Stack
-from shared import keys
 from tests.conftest import MAX_BATCH_LINES, NO_WORKER_MODEL, SMOL
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
 
 QUESTIONS = ["Name a colour.", "Name a fruit.", "Name an animal.", "Name a city.",
              "Name a planet.", "Name a tree."]

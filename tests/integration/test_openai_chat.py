@@ -12,9 +12,9 @@ import openai
 import pytest
 import redis
 
-from cli.stack import Stack
-from shared import keys
 from tests.conftest import NO_WORKER_MODEL, SMOL
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
 
 CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 

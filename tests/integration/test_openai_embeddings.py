@@ -11,9 +11,9 @@ import openai
 import pytest
 import redis
 
-from cli.stack import Stack
-from shared import keys
 from tests.conftest import EMBED, SMOL
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
 
 PARAPHRASES = ["The customer was charged twice for the same order.",
                "The client got billed two times for one purchase."]

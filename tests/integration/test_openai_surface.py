@@ -14,10 +14,10 @@ import openai
 import pytest
 import redis
 
-from cli.stack import Stack
-from shared import keys
 from tests import surface_checks as checks
 from tests.conftest import NO_WORKER_MODEL, SMOL
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ import openai
 import pytest
 import redis
 
-from cli.stack import Stack
-from shared import keys
 from tests.conftest import SMOL
 from tests.surface_checks import sdk
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
 
 WEATHER_ARGS = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 24}, "unit": {"enum": ["celsius", "fahrenheit"]}},

@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.sse import Event, stream_events
-from cli.stack import Stack
-from shared.redis_server import free_port
-from shared.settings import Settings
+from tokenq.cli.sse import Event, stream_events
+from tokenq.cli.stack import Stack
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.settings import Settings
 
 MODEL = "smol-preempt"
 LOW_PROMPT = "Write a long story about a lighthouse keeper and the sea."

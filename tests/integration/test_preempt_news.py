@@ -11,12 +11,12 @@ from unittest.mock import MagicMock
 import pytest
 import redis
 
-from shared import keys
-from shared.store import JobStore
 from tests.integration.test_job_state import JOB, MSG2, SETTINGS, acquire, attempt_of, create
-from workers import preempt
-from workers.preempt import LANES, Preemptor
-from workers.publisher import Publisher
+from tokenq.shared import keys
+from tokenq.shared.store import JobStore
+from tokenq.workers import preempt
+from tokenq.workers.preempt import LANES, Preemptor
+from tokenq.workers.publisher import Publisher
 
 MODEL = "m-news"
 HIGH = keys.queue(MODEL, "high")

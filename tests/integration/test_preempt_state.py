@@ -8,8 +8,6 @@ import json
 
 import redis
 
-from shared import keys
-from shared.jobs import Appended, Skipped, SkipReason
 from tests.integration.test_job_state import (
     JOB,
     MSG2,
@@ -21,7 +19,9 @@ from tests.integration.test_job_state import (
     finish,
     store,
 )
-from workers.preempt import Running, pick_victims
+from tokenq.shared import keys
+from tokenq.shared.jobs import Appended, Skipped, SkipReason
+from tokenq.workers.preempt import Running, pick_victims
 
 
 def preempt(r: redis.Redis, worker: str, attempt: int) -> bool:

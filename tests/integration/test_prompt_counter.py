@@ -6,10 +6,10 @@ import time
 
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from shared.redis_server import EmbeddedRedis
-from shared.settings import Settings
 from tests.conftest import GEMMA, SMOL
+from tokenq.api.app import create_app
+from tokenq.shared.redis_server import EmbeddedRedis
+from tokenq.shared.settings import Settings
 
 
 def test_vocabularies_load_at_startup_without_a_request(

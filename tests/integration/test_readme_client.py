@@ -7,7 +7,7 @@ import io
 import re
 from pathlib import Path
 
-from cli.stack import Stack
+from tokenq.cli.stack import Stack
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

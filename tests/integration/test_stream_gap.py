@@ -12,14 +12,14 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from shared import keys
-from shared.jobs import Acquired, dumps
-from shared.schemas import JobSpec, SamplingParams
-from shared.settings import Settings
-from shared.settings_roles import WorkerSettings
-from shared.store import JobStore
-from workers.engines.base import Finished, StepOutput, TokenDelta
-from workers.publisher import JobHandle, Publisher
+from tokenq.shared import keys
+from tokenq.shared.jobs import Acquired, dumps
+from tokenq.shared.schemas import JobSpec, SamplingParams
+from tokenq.shared.settings import Settings
+from tokenq.shared.settings_roles import WorkerSettings
+from tokenq.shared.store import JobStore
+from tokenq.workers.engines.base import Finished, StepOutput, TokenDelta
+from tokenq.workers.publisher import JobHandle, Publisher
 
 JOB = "job_gap"
 EVENTS = keys.job_events(JOB)
@@ -157,7 +157,7 @@ def test_resume_point_keeps_a_cursor_a_failover_lost(r: redis.Redis) -> None:
 
     import redis.asyncio as aioredis
 
-    from api.streams import resume_point
+    from tokenq.api.streams import resume_point
 
     top = str(r.xadd(EVENTS, {"e": "token", "d": "{}"}))
     ms = int(top.split("-")[0])

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from api.streams import StreamHub
-from shared.redis_server import EmbeddedRedis
+from tokenq.api.streams import StreamHub
+from tokenq.shared.redis_server import EmbeddedRedis
 
 
 async def collect(hub: StreamHub, key: str, after: str | None) -> list[str]:

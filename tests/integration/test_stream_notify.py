@@ -12,16 +12,16 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from api.streams import StreamHub
-from shared import keys
-from shared.jobs import Acquired, Ending, TokenWrite, dumps
-from shared.redis_server import EmbeddedRedis
-from shared.schemas import JobSpec, SamplingParams
-from shared.settings import Settings
-from shared.settings_roles import WorkerSettings
-from shared.store import JobStore
-from workers.engines.base import Finished, StepOutput, TokenDelta
-from workers.publisher import Publisher
+from tokenq.api.streams import StreamHub
+from tokenq.shared import keys
+from tokenq.shared.jobs import Acquired, Ending, TokenWrite, dumps
+from tokenq.shared.redis_server import EmbeddedRedis
+from tokenq.shared.schemas import JobSpec, SamplingParams
+from tokenq.shared.settings import Settings
+from tokenq.shared.settings_roles import WorkerSettings
+from tokenq.shared.store import JobStore
+from tokenq.workers.engines.base import Finished, StepOutput, TokenDelta
+from tokenq.workers.publisher import Publisher
 
 SLOW_FULL_READ_MS = 60_000  # hints alone must carry the test
 

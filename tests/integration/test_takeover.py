@@ -7,8 +7,8 @@ import signal
 
 import httpx
 
-from cli.stack import Stack
 from tests.faults.test_real_engine_takeover import assert_one_contiguous_stream, stream_through
+from tokenq.cli.stack import Stack
 
 
 def test_sigterm_hands_running_job_back_and_exits(client: httpx.Client, stack: Stack) -> None:

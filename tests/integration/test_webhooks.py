@@ -13,13 +13,13 @@ import httpx
 import openai
 import pytest
 
-from cli.stack import Stack
-from shared.redis_server import free_port
-from shared.settings import Settings
-from shared.webhook_policy import tenant_secret
 from tests.conftest import SMOL, WEBHOOK_SECRET
 from tests.integration.test_openai_batches import chat_line, jsonl, wait_status
-from workers.webhooks import verify
+from tokenq.cli.stack import Stack
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.settings import Settings
+from tokenq.shared.webhook_policy import tenant_secret
+from tokenq.workers.webhooks import verify
 
 # Without API keys every caller is tenant `default`: its secret is derived from the
 # stack's TOKENQ_WORKER__WEBHOOK_SECRET.
@@ -94,7 +94,7 @@ def test_job_and_batch_webhooks_are_signed_and_retried(
 
 
 def test_signature_rejects_tampering() -> None:
-    from workers.webhooks import sign
+    from tokenq.workers.webhooks import sign
 
     ts = int(time.time())
     body = b'{"id":"evt_1"}'

@@ -6,7 +6,7 @@ from __future__ import annotations
 import promql_parser as pq
 from prometheus_client.metrics import MetricWrapperBase
 
-from shared.metrics import ClusterMetrics, WorkerMetrics
+from tokenq.shared.metrics import ClusterMetrics, WorkerMetrics
 
 # Labels Prometheus adds (job, instance) or our scrape config adds (worker, backend).
 TARGET_LABELS = {"job", "instance", "worker", "backend"}

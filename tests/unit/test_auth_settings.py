@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from api.auth import bearer, hash_key, load_keys_file, parse_keys
-from shared.settings import Settings
+from tokenq.api.auth import bearer, hash_key, load_keys_file, parse_keys
+from tokenq.shared.settings import Settings
 
 
 def test_env_keys_map_hashes_to_tenants_and_roles() -> None:
@@ -54,8 +54,8 @@ def test_production_refuses_to_start_without_keys(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Production without keys fails at start, naming what to set, on every way in (the
     `tokenq api` server and the uvicorn factory): never a silent loopback bind."""
-    from api.app import app_from_env, create_app
-    from shared.settings import get_settings
+    from tokenq.api.app import app_from_env, create_app
+    from tokenq.shared.settings import get_settings
 
     prod = Settings(redis_url="redis://:pw@redis:6379/0", env="production")
     with pytest.raises(SystemExit, match="TOKENQ_API__KEYS_FILE"):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.models import has_nvidia_gpu, hf_dir, select_backend
-from shared.settings import ModelConfig, Settings
-from workers.main import build_engine
+from tokenq.shared.models import has_nvidia_gpu, hf_dir, select_backend
+from tokenq.shared.settings import ModelConfig, Settings
+from tokenq.workers.main import build_engine
 
 
 def test_auto_picks_llama_without_an_nvidia_gpu() -> None:
@@ -40,7 +40,7 @@ def test_vllm_worker_without_converted_weights_refuses(tmp_path: Path) -> None:
 
 
 def test_importing_the_api_and_worker_entry_loads_no_vllm_or_torch() -> None:
-    code = ("import sys, api.app, workers.main, cli.main; "
+    code = ("import sys, tokenq.api.app, tokenq.workers.main, tokenq.cli.main; "
             "bad = [m for m in ('vllm', 'torch', 'transformers') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 import json
 
-from shared.celery_app import GENERATE_TASK, create_celery, task_message
-from shared.settings import Settings
+from tokenq.shared.celery_app import GENERATE_TASK, create_celery, task_message
+from tokenq.shared.settings import Settings
 
 
 def test_task_message_is_protocol_2_json() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from cli.bench import Level, prompt_text
-from cli.compare_rounds import ENGINE, PEER, TOKENQ, summarize
+from tokenq.cli.bench import Level, prompt_text
+from tokenq.cli.compare_rounds import ENGINE, PEER, TOKENQ, summarize
 
 
 def level(c: int, tok_s: float, ttft_ms: float) -> Level:

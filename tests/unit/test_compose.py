@@ -15,10 +15,10 @@ import pytest
 import typer
 import yaml
 
-from api.app import create_app
-from cli.main import app as cli_app
-from shared.settings import ModelConfig, Settings, variable_names
 from tests.unit.promql import check
+from tokenq.api.app import create_app
+from tokenq.cli.main import app as cli_app
+from tokenq.shared.settings import ModelConfig, Settings, variable_names
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose"

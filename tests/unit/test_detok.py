@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.engines.detok import TextStream
+from tokenq.workers.engines.detok import TextStream
 
 
 def run(stream: TextStream, pieces: list[bytes]) -> list[tuple[int, str]]:

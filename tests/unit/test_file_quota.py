@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from api.openai.files import tenant_quota
-from shared.settings import Settings
+from tokenq.api.openai.files import tenant_quota
+from tokenq.shared.settings import Settings
 
 
 def test_on_disk_the_disk_quota() -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from unittest.mock import MagicMock
 
-from shared.metrics import WorkerMetrics
-from shared.settings import Settings
-from workers.engines.base import EngineStats
-from workers.heartbeat import Heartbeat
+from tokenq.shared.metrics import WorkerMetrics
+from tokenq.shared.settings import Settings
+from tokenq.workers.engines.base import EngineStats
+from tokenq.workers.heartbeat import Heartbeat
 
 
 class CountingEngine:

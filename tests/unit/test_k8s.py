@@ -21,9 +21,9 @@ import typer
 import yaml
 from cloudcoil.models.keda.v1alpha1 import ScaledObject
 
-from cli.main import app as cli_app
-from shared.settings import ModelConfig, Settings, default_models, variable_names
 from tests.unit.promql import check
+from tokenq.cli.main import app as cli_app
+from tokenq.shared.settings import ModelConfig, Settings, default_models, variable_names
 
 K8S = Path(__file__).resolve().parents[2] / "compose" / "k8s"
 K8S_VERSION = "1.30"  # the oldest Kubernetes these manifests are meant for

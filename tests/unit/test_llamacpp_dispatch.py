@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.llamacpp_dispatch import (
+from tokenq.shared.llamacpp_dispatch import (
     PIN_ENV,
     Probe,
     VerdictCache,
@@ -145,7 +145,7 @@ def test_the_real_child_probe_reports_the_signal(stand_ins: dict[str, Path],
     """The worker's own probe (llamacpp_probe.py in a child): llama.cpp's loader calls the
     stand-in's init, which dies with SIGILL; the parent names the signal and lives on."""
     pytest.importorskip("llama_cpp")
-    from shared.llamacpp_dispatch import child_probe
+    from tokenq.shared.llamacpp_dispatch import child_probe
 
     gguf = tmp_path / "unused.gguf"
     verdict = child_probe(gguf, timeout_s=120)(stand_ins["sapphirerapids"])
@@ -157,7 +157,7 @@ def test_the_real_child_probe_reports_the_signal(stand_ins: dict[str, Path],
 def test_worker_log_names_the_variant_and_those_passed_over(
         stand_ins: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import shared.llamacpp_dispatch as d
+    import tokenq.shared.llamacpp_dispatch as d
 
     lib = tmp_path / "lib"
     lib.mkdir()
@@ -168,7 +168,7 @@ def test_worker_log_names_the_variant_and_those_passed_over(
     monkeypatch.setattr(d, "_allow_amx", lambda: True)
     monkeypatch.setattr(d, "child_probe", lambda _model: child_init([]))
     monkeypatch.delenv(PIN_ENV, raising=False)
-    with caplog.at_level(logging.INFO, logger="workers.engines.llamacpp"):
+    with caplog.at_level(logging.INFO, logger="tokenq.workers.engines.llamacpp"):
         assert load_cpu_backend(lib, tmp_path / "m.gguf", tmp_path / "state") == "skylakex"
     assert loaded == [lib / "libggml-cpu-skylakex.so"]
     line = next(r.getMessage() for r in caplog.records if "CPU backend" in r.getMessage())

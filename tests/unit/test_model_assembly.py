@@ -7,7 +7,7 @@ import multiprocessing
 import time
 from pathlib import Path
 
-from shared.models import assemble_once
+from tokenq.shared.models import assemble_once
 
 SIZE = 4 << 20
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.engines.budget import PrefillBudget, Want
+from tokenq.workers.engines.budget import PrefillBudget, Want
 
 
 def step_time(decoding: int, prompt: int) -> float:

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from shared import keys, scripts
-from shared.schemas import WorkerHeartbeat, live_workers
+from tokenq.shared import keys, scripts
+from tokenq.shared.schemas import WorkerHeartbeat, live_workers
 
 
 def test_every_script_loads_with_includes_and_key_prefixes_resolved() -> None:

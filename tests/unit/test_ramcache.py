@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from workers.engines import llamacpp_ramcache as rc
-from workers.engines.llamacpp_ramcache import MIN_TOKENS, RamCache
+from tokenq.workers.engines import llamacpp_ramcache as rc
+from tokenq.workers.engines.llamacpp_ramcache import MIN_TOKENS, RamCache
 
 PER_TOKEN = 1000  # bytes a cached token costs in the stand-in
 

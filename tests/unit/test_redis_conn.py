@@ -14,11 +14,17 @@ import redis.asyncio as aioredis
 import redis.asyncio.sentinel as asentinel
 import redis.sentinel
 
-from cli.stack import Stack
-from shared.celery_app import create_celery
-from shared.redis_conn import CPacked, async_client, celery_broker, parse_address, sync_client
-from shared.settings import Settings, SettingsProblem
-from shared.settings_load import load_settings
+from tokenq.cli.stack import Stack
+from tokenq.shared.celery_app import create_celery
+from tokenq.shared.redis_conn import (
+    CPacked,
+    async_client,
+    celery_broker,
+    parse_address,
+    sync_client,
+)
+from tokenq.shared.settings import Settings, SettingsProblem
+from tokenq.shared.settings_load import load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -181,7 +187,7 @@ def test_c_packing_refuses_what_redis_py_refuses(bad: Any) -> None:
 
 def test_without_hiredis_async_clients_pack_as_redis_py_does(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import shared.redis_conn as redis_conn
+    import tokenq.shared.redis_conn as redis_conn
 
     monkeypatch.setattr(redis_conn, "hiredis", None)
     c = async_client(Settings(redis_url="redis://127.0.0.1:1/0"))

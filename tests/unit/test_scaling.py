@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cli.scaling import Decider, Inputs, Policy, recommend
+from tokenq.cli.scaling import Decider, Inputs, Policy, recommend
 
 
 def inp(depth: int = 0, running: int = 0, current: int = 0, slots: int = 4,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from shared.schema_budget import GrammarBudget, SchemaOverBudget, budget_of, estimate
-from shared.settings import Settings
+from tokenq.shared.schema_budget import GrammarBudget, SchemaOverBudget, budget_of, estimate
+from tokenq.shared.settings import Settings
 
 B = GrammarBudget()
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from shared import settings_legacy
-from shared.settings import Settings, SettingsProblem, variable_names
-from shared.settings_legacy import RENAMED, env_name
-from shared.settings_load import load_settings
+from tokenq.shared import settings_legacy
+from tokenq.shared.settings import Settings, SettingsProblem, variable_names
+from tokenq.shared.settings_legacy import RENAMED, env_name
+from tokenq.shared.settings_load import load_settings
 
 
 @pytest.fixture(autouse=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import llama_cpp as ll
 import pytest
 
-from workers.engines.llamacpp_lora import BASE
-from workers.engines.llamacpp_slots import SPREAD_MIN_TOKENS, SlotPool
+from tokenq.workers.engines.llamacpp_lora import BASE
+from tokenq.workers.engines.llamacpp_slots import SPREAD_MIN_TOKENS, SlotPool
 
 TEMPLATE = list(range(1000, 1000 + 3 * SPREAD_MIN_TOKENS))  # a long shared template
 

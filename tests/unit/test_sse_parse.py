@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from cli.sse import parse_lines
+from tokenq.cli.sse import parse_lines
 
 
 def test_parse_events_and_skip_pings() -> None:

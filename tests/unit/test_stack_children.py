@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from cli.stack import INSTALLED, ROOT, Stack, python_module
-from shared.settings import Settings
+from tokenq.cli.stack import INSTALLED, ROOT, Stack, python_module
+from tokenq.shared.settings import Settings
 
 
 def impostor_tree(root: Path) -> Path:
-    """A tree whose `shared.keys` says it ran, and fails."""
+    """A tree whose `tokenq.shared.keys` says it ran, and fails."""
     pkg = root / "shared"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -41,7 +41,7 @@ def test_a_child_imports_this_tree_not_the_cwd_or_pythonpath(
         monkeypatch.delenv("PYTHONPATH", raising=False)
     env = Stack(Settings(state_dir=tmp_path / "state"))._env()
     assert env["PYTHONPATH"].split(os.pathsep)[0] == CODE_ROOT
-    run = subprocess.run(python_module("shared.keys"), cwd=other, env=env,
+    run = subprocess.run(python_module("tokenq.shared.keys"), cwd=other, env=env,
                          capture_output=True, text=True, timeout=60)
     assert (run.returncode, "impostor" in run.stdout) == (0, False), run.stdout + run.stderr
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from workers.engines import llamacpp_sampling
-from workers.engines.llamacpp_sampling import StepSampler
+from tokenq.workers.engines import llamacpp_sampling
+from tokenq.workers.engines.llamacpp_sampling import StepSampler
 
 
 class FakeSampler:
@@ -99,7 +99,7 @@ def test_a_failing_row_fails_the_step_after_the_helper_is_done() -> None:
 
 def test_the_worker_lets_idle_compute_threads_sleep_unless_told_otherwise(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.main import OPENMP_SPINS, idle_compute_threads_sleep
+    from tokenq.workers.main import OPENMP_SPINS, idle_compute_threads_sleep
 
     for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
         monkeypatch.setenv(name, "")  # recorded, so whatever the function sets is undone
@@ -118,6 +118,6 @@ def test_the_worker_lets_idle_compute_threads_sleep_unless_told_otherwise(
 def test_the_worker_sets_it_before_llama_cpp_loads() -> None:
     """libgomp reads its settings once, when llama.cpp's library loads: the worker's command
     must get to run_worker (which sets them) without having imported llama_cpp."""
-    code = ("import sys, cli.main, workers.main; "
+    code = ("import sys, tokenq.cli.main, tokenq.workers.main; "
             "sys.exit('llama_cpp' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -8,8 +8,8 @@ import asyncio
 import json
 from typing import Any
 
-from api.stream_notify import StreamNotifier
-from api.streams import announced_entries
+from tokenq.api.stream_notify import StreamNotifier
+from tokenq.api.streams import announced_entries
 
 
 class HeldConnection:

@@ -8,14 +8,14 @@ from typing import Any
 import jsonschema
 import pytest
 
-from api.errors import InvalidRequest
-from api.openai import tools
-from api.openai.tool_parsers import ToolStream, parse, tool_calls
-from api.openai.tools import Plan
-from shared.chat import render_chat
-from shared.schema_budget import GrammarBudget
-from shared.schemas import JobRequest, ToolDef
-from shared.settings import ModelConfig
+from tokenq.api.errors import InvalidRequest
+from tokenq.api.openai import tools
+from tokenq.api.openai.tool_parsers import ToolStream, parse, tool_calls
+from tokenq.api.openai.tools import Plan
+from tokenq.shared.chat import render_chat
+from tokenq.shared.schema_budget import GrammarBudget
+from tokenq.shared.schemas import JobRequest, ToolDef
+from tokenq.shared.settings import ModelConfig
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",

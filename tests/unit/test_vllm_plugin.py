@@ -18,7 +18,7 @@ WORKER = textwrap.dedent("""
     import multiprocessing, time
 
     def engine_core(ready):
-        from workers.engines.vllm_plugin import init_amx
+        from tokenq.workers.engines.vllm_plugin import init_amx
         init_amx()
         ready.set()
         time.sleep(120)
@@ -56,9 +56,33 @@ def test_engine_process_exits_when_its_worker_is_sigkilled(tmp_path: Path) -> No
 def test_the_worker_itself_is_left_alone() -> None:
     """vLLM loads its plugins in the worker's own process too: no signal is armed there
     (the worker's parent is `tokenq up` or a supervisor, which decides that itself)."""
-    code = ("import ctypes; from workers.engines.vllm_plugin import init_amx; init_amx(); "
+    code = ("import ctypes; from tokenq.workers.engines.vllm_plugin import init_amx; init_amx(); "
             "sig = ctypes.c_int(-1); ctypes.CDLL('libc.so.6').prctl(2, ctypes.byref(sig)); "
             "print(sig.value)")  # 2 = PR_GET_PDEATHSIG
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)
     assert out.stdout.strip() == "0"
+
+
+def test_the_hook_is_found_by_the_processes_a_worker_starts(tmp_path: Path) -> None:
+    """register() (the vLLM worker, before its engine starts) makes vLLM find tokenq's hook
+    in that process and its children, through sys.path and PYTHONPATH; nowhere else."""
+    import pytest
+
+    pytest.importorskip("vllm")
+    code = textwrap.dedent(f"""
+        import os, subprocess, sys
+        from pathlib import Path
+        from tokenq.workers.engines.vllm_plugin import register
+        register(Path({str(tmp_path)!r}))
+        from vllm.plugins import load_plugins_by_group
+        child = subprocess.run([sys.executable, "-c",
+            "from vllm.plugins import load_plugins_by_group; "
+            "print(sorted(load_plugins_by_group('vllm.general_plugins')))"],
+            capture_output=True, text=True, check=True)
+        print("tokenq" in load_plugins_by_group("vllm.general_plugins"),
+              "'tokenq'" in child.stdout)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True, cwd=tmp_path)
+    assert out.stdout.strip().splitlines()[-1] == "True True", out.stdout

@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.stack import Stack
-from shared.redis_server import EmbeddedRedis, free_port
-from shared.settings import Settings
+from tokenq.cli.stack import Stack
+from tokenq.shared.redis_server import EmbeddedRedis, free_port
+from tokenq.shared.settings import Settings
 
 TINY = "tiny-vllm"
 MAX_MODEL_LEN = 2048  # the tiny model's max_position_embeddings: jobs of ~4 s here

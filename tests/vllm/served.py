@@ -17,7 +17,9 @@ def vllm_server(args: list[str], port: int, log_path: Path,
                 env: dict[str, str] | None = None) -> Iterator[str]:
     """Run `args` (a vLLM api_server command on `port`, with `env` on top of this process's
     and the engine's environment); yield its URL once it is healthy."""
-    from workers.engines.vllm_args import engine_env  # imports vLLM's settings: only when used
+    from tokenq.workers.engines.vllm_args import (
+        engine_env,  # imports vLLM's settings: only when used
+    )
 
     log = log_path.open("wb")
     proc = subprocess.Popen(args, env={**os.environ, **engine_env(), **(env or {})}, stdout=log,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from cli.bench_mixed import MixedConfig, run_mixed
-from shared.settings import Settings
 from tests.conftest import SMOL
+from tokenq.cli.bench_mixed import MixedConfig, run_mixed
+from tokenq.shared.settings import Settings
 
 pytestmark = pytest.mark.vllm
 

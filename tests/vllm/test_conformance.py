@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.compare_vllm import vllm_server_args
-from cli.stack import Stack
-from shared.redis_server import free_port
-from shared.settings import ModelConfig
 from tests.vllm import served
 from tests.vllm.conftest import MAX_MODEL_LEN, SLOTS, TINY
+from tokenq.cli.compare_vllm import vllm_server_args
+from tokenq.cli.stack import Stack
+from tokenq.shared.redis_server import free_port
+from tokenq.shared.settings import ModelConfig
 
 pytestmark = pytest.mark.vllm
 

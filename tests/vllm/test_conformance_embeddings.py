@@ -13,11 +13,11 @@ import httpx
 import numpy as np
 import pytest
 
-from cli.stack import Stack
-from shared.redis_server import EmbeddedRedis, free_port
-from shared.settings import EMBEDDING_MODEL, Settings
 from tests.vllm import served
 from tests.vllm.test_conformance import diff, shape
+from tokenq.cli.stack import Stack
+from tokenq.shared.redis_server import EmbeddedRedis, free_port
+from tokenq.shared.settings import EMBEDDING_MODEL, Settings
 
 pytestmark = pytest.mark.vllm
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from api.openai.tool_parsers import ToolStream, tool_calls
-from api.openai.tools import Plan
+from tokenq.api.openai.tool_parsers import ToolStream, tool_calls
+from tokenq.api.openai.tools import Plan
 
 pytestmark = pytest.mark.vllm
 

@@ -12,11 +12,11 @@ import openai
 import pytest
 import redis
 
-from cli.stack import Stack
-from shared import keys
-from shared.redis_server import EmbeddedRedis, free_port
-from shared.settings import Settings
 from tests.vllm.test_conformance_embeddings import _wheel_dir
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
+from tokenq.shared.redis_server import EmbeddedRedis, free_port
+from tokenq.shared.settings import Settings
 
 pytestmark = pytest.mark.vllm
 

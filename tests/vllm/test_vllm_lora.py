@@ -16,11 +16,11 @@ import httpx
 import openai
 import pytest
 
-from cli.stack import Stack
-from shared.redis_server import EmbeddedRedis, free_port
-from shared.settings import Settings
 from tests.lora_fixtures import write_peft_lora
 from tests.vllm.conftest import MAX_MODEL_LEN
+from tokenq.cli.stack import Stack
+from tokenq.shared.redis_server import EmbeddedRedis, free_port
+from tokenq.shared.settings import Settings
 
 pytestmark = pytest.mark.vllm
 

@@ -9,10 +9,10 @@ import openai
 import pytest
 import redis
 
-from cli.stack import Stack
-from shared import keys
 from tests import surface_checks as checks
 from tests.vllm.conftest import MAX_MODEL_LEN, TINY
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
 
 pytestmark = pytest.mark.vllm
 
@@ -41,8 +41,8 @@ def test_min_p_and_penalties(voai: openai.OpenAI) -> None:
 
 
 def test_min_p_reaches_vllm() -> None:
-    from shared.schemas import SamplingParams
-    from workers.engines.vllm_args import sampling_params
+    from tokenq.shared.schemas import SamplingParams
+    from tokenq.workers.engines.vllm_args import sampling_params
 
     p = SamplingParams(max_tokens=4, temperature=1.5, top_p=1.0, top_k=0,
                        repetition_penalty=1.0, min_p=1.0, presence_penalty=0.5,

@@ -14,9 +14,9 @@ import jsonschema
 import openai
 import pytest
 
-from cli.stack import Stack
 from tests.surface_checks import sdk
 from tests.vllm.conftest import TINY
+from tokenq.cli.stack import Stack
 
 pytestmark = pytest.mark.vllm
 

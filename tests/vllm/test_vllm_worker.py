@@ -18,10 +18,10 @@ import psutil
 import pytest
 import redis
 
-from cli.sse import Event, stream_events
-from cli.stack import Stack
-from shared import keys
 from tests.vllm.conftest import MAX_MODEL_LEN, SLOTS, TINY
+from tokenq.cli.sse import Event, stream_events
+from tokenq.cli.stack import Stack
+from tokenq.shared import keys
 
 pytestmark = pytest.mark.vllm
 

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from shared.adapters import AdapterRef
-from shared.schemas import SamplingParams
+from tokenq.shared.adapters import AdapterRef
+from tokenq.shared.schemas import SamplingParams
 
 EndReason = Literal["stop", "length", "cancelled", "error"]
 

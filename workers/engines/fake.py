@@ -31,12 +31,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from shared.adapters import AdapterRef
-from shared.chat import count_tokens, prompt_text
-from shared.schema_budget import UNLIMITED, GrammarBudget, SchemaOverBudget, estimate
-from shared.schemas import SamplingParams
-from shared.settings import ModelConfig
-from workers.engines.base import (
+from tokenq.shared.adapters import AdapterRef
+from tokenq.shared.chat import count_tokens, prompt_text
+from tokenq.shared.schema_budget import UNLIMITED, GrammarBudget, SchemaOverBudget, estimate
+from tokenq.shared.schemas import SamplingParams
+from tokenq.shared.settings import ModelConfig
+from tokenq.workers.engines.base import (
     EngineRequest,
     EngineStats,
     Finished,

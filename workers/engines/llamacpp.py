@@ -37,11 +37,11 @@ from pathlib import Path
 
 import llama_cpp as ll
 
-from shared.adapters import AdapterRef
-from shared.schemas import SamplingParams
-from shared.settings import ModelConfig
-from shared.vocab import Vocab
-from workers.engines.base import (
+from tokenq.shared.adapters import AdapterRef
+from tokenq.shared.schemas import SamplingParams
+from tokenq.shared.settings import ModelConfig
+from tokenq.shared.vocab import Vocab
+from tokenq.workers.engines.base import (
     EndReason,
     EngineRequest,
     EngineStats,
@@ -50,20 +50,20 @@ from workers.engines.base import (
     StepOutput,
     TokenDelta,
 )
-from workers.engines.budget import PrefillBudget, Want
-from workers.engines.detok import Released, TextStream
-from workers.engines.llamacpp_context import StepAbort, create_context, fill, threads_of
-from workers.engines.llamacpp_inbox import Inbox
-from workers.engines.llamacpp_lora import LoraSet, pick_group
-from workers.engines.llamacpp_ramcache import RamCache
-from workers.engines.llamacpp_sampling import (
+from tokenq.workers.engines.budget import PrefillBudget, Want
+from tokenq.workers.engines.detok import Released, TextStream
+from tokenq.workers.engines.llamacpp_context import StepAbort, create_context, fill, threads_of
+from tokenq.workers.engines.llamacpp_inbox import Inbox
+from tokenq.workers.engines.llamacpp_lora import LoraSet, pick_group
+from tokenq.workers.engines.llamacpp_ramcache import RamCache
+from tokenq.workers.engines.llamacpp_sampling import (
     Sampler,
     StepSampler,
     check_grammar,
     row_logprobs,
 )
-from workers.engines.llamacpp_seq import Seq, fork, share_prefill, undo
-from workers.engines.llamacpp_slots import SlotPool
+from tokenq.workers.engines.llamacpp_seq import Seq, fork, share_prefill, undo
+from tokenq.workers.engines.llamacpp_slots import SlotPool
 
 __all__ = ["LlamaCppEngine", "Vocab"]
 

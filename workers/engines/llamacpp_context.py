@@ -15,7 +15,7 @@ from typing import Any
 
 import llama_cpp as ll
 
-from shared.settings import ModelConfig
+from tokenq.shared.settings import ModelConfig
 
 
 def threads_of(cfg: ModelConfig) -> int:

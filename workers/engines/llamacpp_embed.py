@@ -24,10 +24,10 @@ from typing import Any
 import llama_cpp as ll
 import numpy as np
 
-from shared.adapters import AdapterRef
-from shared.settings import ModelConfig
-from shared.vocab import Vocab
-from workers.engines.base import EngineRequest, EngineStats, Finished, Sink, StepOutput
+from tokenq.shared.adapters import AdapterRef
+from tokenq.shared.settings import ModelConfig
+from tokenq.shared.vocab import Vocab
+from tokenq.workers.engines.base import EngineRequest, EngineStats, Finished, Sink, StepOutput
 
 log = logging.getLogger(__name__)
 

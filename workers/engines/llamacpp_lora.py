@@ -24,7 +24,7 @@ from typing import Any
 
 import llama_cpp as ll
 
-from shared.adapters import AdapterRef
+from tokenq.shared.adapters import AdapterRef
 
 log = logging.getLogger(__name__)
 

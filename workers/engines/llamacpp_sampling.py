@@ -34,9 +34,9 @@ import llama_cpp as ll
 import numpy as np
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-from shared.schemas import SamplingParams
-from shared.vocab import Vocab
-from workers.engines import logprobs
+from tokenq.shared.schemas import SamplingParams
+from tokenq.shared.vocab import Vocab
+from tokenq.workers.engines import logprobs
 
 # Tokens the repetition/frequency/presence penalties look back over (llama-server's
 # default window).

@@ -15,10 +15,10 @@ from typing import Any
 
 import llama_cpp as ll
 
-from workers.engines.base import EngineRequest
-from workers.engines.detok import TextStream
-from workers.engines.llamacpp_lora import BASE
-from workers.engines.llamacpp_sampling import Sampler
+from tokenq.workers.engines.base import EngineRequest
+from tokenq.workers.engines.detok import TextStream
+from tokenq.workers.engines.llamacpp_lora import BASE
+from tokenq.workers.engines.llamacpp_sampling import Sampler
 
 
 @dataclass(eq=False)

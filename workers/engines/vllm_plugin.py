@@ -26,7 +26,7 @@ import signal
 import sys
 from pathlib import Path
 
-from shared.redis_server import die_with_parent
+from tokenq.shared.redis_server import die_with_parent
 
 DIST = "tokenq_vllm_hook-1.0.dist-info"
 NO_AMX_ENV = "TOKENQ_VLLM_NO_AMX"  # set by the worker where AMX tiles fault
