@@ -16,18 +16,18 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tokenq.api import errors
-from tokenq.api.access import AccessLog
+from tokenq.api.access_log import AccessLog
 from tokenq.api.auth import KeyAuth, load_keys
 from tokenq.api.deps import AppState
 from tokenq.api.limits import BodyLimit
 from tokenq.api.openai.batch_driver import BatchDriver
 from tokenq.api.ratelimit import RateLimits
 from tokenq.api.routes import (
-    adapters,
     admin,
     batches,
     files,
     jobs,
+    lora,
     openai,
     ops,
     playground,
@@ -121,7 +121,7 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
     app.include_router(batches.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
-    app.include_router(adapters.router)
+    app.include_router(lora.router)
     if settings.api.playground:
         app.include_router(playground.router)
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes,

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 
 from tokenq.api.errors import RateLimited
 from tokenq.shared import keys
-from tokenq.shared.scripts import Scripts
+from tokenq.shared.lua_scripts import Scripts
 
 
 class RateLimits:

@@ -18,7 +18,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from tokenq.api import adapters, durable, idempotency, streams
+from tokenq.api import durable, idempotency, lora_admin, streams
 from tokenq.api.deps import AppState
 from tokenq.api.errors import (
     ContextLengthExceeded,
@@ -37,7 +37,6 @@ from tokenq.api.openai.tools import validate as validate_tools
 from tokenq.shared import jobs, keys, logs, schema_budget, tracing, webhook_policy
 from tokenq.shared.celery_app import task_message
 from tokenq.shared.jobs import dumps
-from tokenq.shared.models import select_backend
 from tokenq.shared.schema_budget import GrammarBudget, SchemaOverBudget, nesting
 from tokenq.shared.schemas import (
     JobAccepted,
@@ -48,6 +47,7 @@ from tokenq.shared.schemas import (
     SamplingParams,
 )
 from tokenq.shared.settings import ModelConfig
+from tokenq.shared.weights import select_backend
 
 MAX_STOP_LEN = 64
 # A response_format schema nested deeper than this is refused (400) before anything is
@@ -159,7 +159,7 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
         # `model` may name a LoRA adapter: the job runs on its base model's queue with the
         # adapter's current version pinned in the spec (a later unload or rollback does
         # not change what this job runs on).
-        found = await adapters.resolve(state, req.model, tenant)
+        found = await lora_admin.resolve(state, req.model, tenant)
         if found is None:
             raise ModelNotFound(f"model {req.model!r} is not served here", param="model")
         base, adapter = found

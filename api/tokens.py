@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tokenq.shared.chat import ChatRenderer
-from tokenq.shared.models import gguf_path
 from tokenq.shared.settings import ModelConfig, Settings
+from tokenq.shared.weights import gguf_path
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ def main() -> None:
     idle_compute_threads_sleep()  # before llama.cpp loads, as the worker does
 
     from tokenq.cli.bench import prompt_text
-    from tokenq.shared.models import gguf_path
     from tokenq.shared.schemas import SamplingParams
     from tokenq.shared.settings import Settings
+    from tokenq.shared.weights import gguf_path
     from tokenq.workers.engines.base import EngineRequest, StepOutput
     from tokenq.workers.engines.llamacpp import LlamaCppEngine
 

@@ -22,9 +22,9 @@ from tokenq.cli.bench import run_level
 from tokenq.cli.bench_mixed import find_llama_server
 from tokenq.cli.compare import _process, llama_server_args
 from tokenq.cli.stack import Stack
-from tokenq.shared.models import gguf_path
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings
+from tokenq.shared.weights import gguf_path
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:

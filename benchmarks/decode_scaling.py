@@ -18,8 +18,8 @@ from typing import Any
 
 import llama_cpp as ll
 
-from tokenq.shared.models import gguf_path
 from tokenq.shared.settings import Settings
+from tokenq.shared.weights import gguf_path
 from tokenq.workers.engines.llamacpp import Vocab
 
 

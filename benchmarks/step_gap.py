@@ -41,9 +41,9 @@ def main() -> None:
     import llama_cpp as ll
 
     from tokenq.cli.bench import prompt_text
-    from tokenq.shared.models import gguf_path
     from tokenq.shared.schemas import SamplingParams
     from tokenq.shared.settings import Settings
+    from tokenq.shared.weights import gguf_path
     from tokenq.workers.engines.base import EngineRequest, StepOutput
     from tokenq.workers.engines.llamacpp import LlamaCppEngine
 

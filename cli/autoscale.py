@@ -25,9 +25,9 @@ import redis
 
 from tokenq.cli.scaling import Decider, Decision, Inputs, Policy
 from tokenq.shared import keys
-from tokenq.shared.models import select_backend
 from tokenq.shared.schemas import WorkerHeartbeat, live_workers
 from tokenq.shared.settings import Settings
+from tokenq.shared.weights import select_backend
 
 log = logging.getLogger("tokenq.autoscale")
 

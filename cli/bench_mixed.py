@@ -34,9 +34,9 @@ from rich.table import Table
 from tokenq.cli.bench import Sample, one_job, one_openai, pct, prompt_text, request_body
 from tokenq.cli.compare import _process, llama_server_args, llama_server_path
 from tokenq.cli.stack import Stack
-from tokenq.shared.models import gguf_path
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings
+from tokenq.shared.weights import gguf_path
 
 Send = Callable[[dict[str, Any], str], Sample]  # (request body, priority) -> its sample
 

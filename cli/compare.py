@@ -27,9 +27,9 @@ from rich.table import Table
 from tokenq.cli.bench import Level, budget_lines, render, run_level
 from tokenq.cli.inprocess import run_inprocess
 from tokenq.cli.stack import Stack
-from tokenq.shared.models import gguf_path
 from tokenq.shared.redis_server import die_with_parent, free_port
 from tokenq.shared.settings import ModelConfig, Settings
+from tokenq.shared.weights import gguf_path
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 180) -> None:

@@ -25,9 +25,9 @@ from rich.table import Table
 from tokenq.cli.bench import Level, run_level
 from tokenq.cli.compare import _process, llama_server_args, llama_server_binary
 from tokenq.cli.stack import Stack
-from tokenq.shared.models import gguf_path
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings
+from tokenq.shared.weights import gguf_path
 
 TOKENQ, PEER, ENGINE = "tokenq", "llama-server (C++)", "engine in-process"
 

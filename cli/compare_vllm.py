@@ -21,9 +21,9 @@ from rich.console import Console
 from tokenq.cli.bench import Level, budget_lines, render, run_level
 from tokenq.cli.compare import _process, ratio_table
 from tokenq.cli.stack import Stack
-from tokenq.shared.models import gguf_path, has_nvidia_gpu, hf_dir
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import ModelConfig, Settings
+from tokenq.shared.weights import gguf_path, has_nvidia_gpu, hf_dir
 
 
 def vllm_server_args(folder: str, model: str, cfg: ModelConfig, port: int) -> list[str]:

@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 
 from tokenq.cli.bench import SAMPLING, Level, Sample, one_job, prompt_text, request_body
-from tokenq.shared.models import gguf_path
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.schemas import SamplingParams
 from tokenq.shared.settings import ModelConfig, Settings
+from tokenq.shared.weights import gguf_path
 from tokenq.workers.engines.base import EngineRequest, StepOutput
 
 

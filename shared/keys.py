@@ -20,7 +20,7 @@
                                  (tokenq.api.stream_notify off)
     tokenq.{model}.{priority}    list    Celery queue (kombu's Redis transport)
 
-LoRA adapters (shared/adapters.py):
+LoRA adapters (shared/lora_registry.py):
 
     tokenq:adapters              hash    adapter name -> JSON record (base, versions, current,
                                          status, history); every replica and worker reads it
@@ -45,7 +45,7 @@ OpenAI files and batches, completion webhooks:
 
 The job scripts (shared/lua/) build batch and webhook keys from the prefixes
 below inside Lua, because which batch a job belongs to is only known there
-(shared/scripts.py fills them in).
+(shared/lua_scripts.py fills them in).
 """
 
 from __future__ import annotations

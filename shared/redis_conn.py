@@ -22,7 +22,6 @@ worker ("Unrecoverable error", seen in the Sentinel cluster runs).
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
@@ -30,6 +29,8 @@ import redis
 import redis.asyncio as aioredis
 import redis.asyncio.sentinel as asentinel
 import redis.sentinel
+
+from tokenq.shared.parsing import parse_address
 
 hiredis: Any
 try:
@@ -62,26 +63,6 @@ _noreplicas_is_recoverable()
 
 # A sentinel that does not answer within this is skipped for the next one.
 SENTINEL_TIMEOUT_S = 2.0
-_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})?")
-SENTINELS_FORM = "host:port,host:port (e.g. sentinel-1:26379,sentinel-2:26379,[::1]:26379)"
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """One sentinel's `host:port` (`[v6]:port` for IPv6); ValueError naming the entry."""
-    entry = text.strip()
-    host, sep, port = entry.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        ok_host = bool(host) and all(c in "0123456789abcdefABCDEF:." for c in host)
-    else:
-        ok_host = _HOST.fullmatch(host) is not None
-    if not sep or not ok_host or not port.isascii() or not port.isdigit() \
-            or len(port) > 5 or not 0 < int(port) < 65536:
-        shown = entry if len(entry) <= 80 else entry[:80] + "..."
-        raise ValueError(f"sentinel {shown!r} is not host:port; expected {SENTINELS_FORM}")
-    return host, int(port)
-
-
 def _addresses(settings: Settings) -> list[tuple[str, int]]:
     return [parse_address(s) for s in settings.redis_sentinels]
 

@@ -34,6 +34,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from tokenq.shared.parsing import parse_address
 from tokenq.shared.settings_legacy import LegacyEnvSource, LegacyTomlSource
 from tokenq.shared.settings_roles import ApiSettings, AutoscaleSettings, WorkerSettings, comma_list
 
@@ -283,7 +284,6 @@ class Settings(BaseSettings):
     @field_validator("redis_sentinels", mode="before")
     @classmethod
     def _sentinels(cls, v: Any) -> Any:
-        from tokenq.shared.redis_conn import parse_address
 
         got = comma_list(v)
         for entry in got if isinstance(got, list) else []:
@@ -319,7 +319,6 @@ class Settings(BaseSettings):
             if not self.redis_url.startswith(("redis://", "rediss://")):
                 raise ValueError("TOKENQ_REDIS_URL with TOKENQ_REDIS_SENTINELS must be "
                                  "redis:// or rediss:// (a unix socket has no failover)")
-            from tokenq.shared.redis_conn import parse_address
 
             hosts = {parse_address(a)[0] for a in self.redis_sentinels}
             if not redis_is_protected(self.redis_url, self.env) or (

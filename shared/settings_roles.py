@@ -13,6 +13,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
+from tokenq.shared.parsing import secret_key
+
 
 def comma_list(v: Any) -> Any:
     """A setting given as a string: JSON (`[…]`, `{…}`) or comma-separated items."""
@@ -178,7 +180,6 @@ class WorkerSettings(BaseModel):
     @model_validator(mode="after")
     def _webhook_secrets_are_standard(self) -> WorkerSettings:
         """`whsec_<base64>` (Standard Webhooks), refused at start rather than at send."""
-        from tokenq.shared.webhook_policy import secret_key
 
         for name, secret in [("TOKENQ_WORKER__WEBHOOK_SECRET", self.webhook_secret),
                              *((f"TOKENQ_WORKER__WEBHOOK_SECRETS[{t}]", x)

@@ -29,8 +29,8 @@ from tokenq.shared.jobs import (
     NewRejection,
     TokenWrite,
 )
+from tokenq.shared.lua_scripts import Scripts, raise_first_error, refused
 from tokenq.shared.schemas import JobErrorInfo
-from tokenq.shared.scripts import Scripts, raise_first_error, refused
 from tokenq.shared.settings import Settings
 
 T = TypeVar("T")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import hashlib
 import hmac
 import ipaddress
@@ -27,12 +26,13 @@ import socket
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from tokenq.shared.parsing import SECRET_PREFIX, secret_key
+
 if TYPE_CHECKING:
     from tokenq.shared.settings import Settings
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
-SECRET_PREFIX = "whsec_"
 
 
 class UnsafeWebhook(ValueError):
@@ -136,16 +136,6 @@ async def resolve(policy: AddressPolicy, url: str,
 
 
 # -- secrets ---------------------------------------------------------------------------
-def secret_key(secret: str) -> bytes:
-    """A Standard Webhooks secret's HMAC key: the base64-decoded part after `whsec_`."""
-    if not secret.startswith(SECRET_PREFIX):
-        raise ValueError("a webhook secret has the form whsec_<base64>")
-    try:
-        return base64.b64decode(secret.removeprefix(SECRET_PREFIX), validate=True)
-    except binascii.Error as exc:
-        raise ValueError(f"a webhook secret has the form whsec_<base64>: {exc}") from exc
-
-
 def tenant_secret(s: Settings, tenant: str) -> str | None:
     """The tenant's signing secret: named in webhook_secrets, else derived from
     webhook_secret (None: neither is set, events go unsigned)."""

@@ -22,9 +22,9 @@ from tokenq.shared import keys
 from tokenq.shared.metrics import WorkerMetrics
 from tokenq.shared.schemas import WorkerHeartbeat
 from tokenq.shared.settings import Settings
-from tokenq.workers.adapters import AdapterWatcher
 from tokenq.workers.engines.base import Engine
 from tokenq.workers.leases import Leases
+from tokenq.workers.lora_watcher import AdapterWatcher
 from tokenq.workers.reconciler import Reconciler
 
 log = logging.getLogger(__name__)

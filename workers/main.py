@@ -23,9 +23,9 @@ from tokenq.shared.celery_app import (
     create_celery,
     tolerate_acks_after_connection_loss,
 )
-from tokenq.shared.models import gguf_path, hf_dir, select_backend
 from tokenq.shared.redis_conn import sync_client
 from tokenq.shared.settings import ModelConfig, Settings
+from tokenq.shared.weights import gguf_path, hf_dir, select_backend
 from tokenq.workers import tasks
 from tokenq.workers.engines.base import Engine
 from tokenq.workers.runtime import WorkerRuntime, bind, runtime_of

@@ -27,12 +27,12 @@ from tokenq.shared.celery_app import create_celery
 from tokenq.shared.metrics import WorkerMetrics
 from tokenq.shared.settings import ModelConfig, Settings
 from tokenq.shared.store import JobStore
-from tokenq.workers.adapters import AdapterWatcher
 from tokenq.workers.cancels import CancelWatcher
 from tokenq.workers.drain import Drainer
 from tokenq.workers.engines.base import Engine
 from tokenq.workers.heartbeat import Heartbeat, advertised_metrics_host
 from tokenq.workers.leases import Leases
+from tokenq.workers.lora_watcher import AdapterWatcher
 from tokenq.workers.preempt import Preemptor
 from tokenq.workers.publisher import Publisher
 from tokenq.workers.reconciler import Reconciler

@@ -38,15 +38,10 @@ import httpx
 import redis
 
 from tokenq.shared import keys
-from tokenq.shared.scripts import Scripts
+from tokenq.shared.lua_scripts import Scripts
+from tokenq.shared.parsing import secret_key
 from tokenq.shared.settings import Settings
-from tokenq.shared.webhook_policy import (
-    AddressPolicy,
-    UnsafeWebhook,
-    resolve,
-    secret_key,
-    tenant_secret,
-)
+from tokenq.shared.webhook_policy import AddressPolicy, UnsafeWebhook, resolve, tenant_secret
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import time
 import redis.asyncio as aioredis
 
 from tokenq.shared import keys
-from tokenq.shared.scripts import Scripts
+from tokenq.shared.lua_scripts import Scripts
 
 LEASE_MS = 30_000
 

@@ -10,13 +10,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tokenq.api import adapters
+from tokenq.api import lora_admin
 from tokenq.api.deps import AppState
 from tokenq.api.errors import InvalidRequest, ModelNotFound, Unavailable
 from tokenq.shared import keys
-from tokenq.shared.models import select_backend
 from tokenq.shared.schemas import ChatMessage, live_workers
 from tokenq.shared.settings import ModelConfig
+from tokenq.shared.weights import select_backend
 
 MAX_DETOKENIZE = 131072
 
@@ -47,7 +47,7 @@ async def base_model(state: AppState, name: str, tenant: str) -> tuple[str, Mode
     cfg = state.models.get(name)
     if cfg is not None:
         return name, cfg
-    found = await adapters.resolve(state, name, tenant)
+    found = await lora_admin.resolve(state, name, tenant)
     if found is None:
         raise ModelNotFound(f"model {name!r} is not served here", param="model")
     return found[0], state.models[found[0]]

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from tokenq.api import adapters
+from tokenq.api import lora_admin
 from tokenq.api.deps import AppState
 from tokenq.api.errors import InvalidRequest
 from tokenq.shared.chat import renders_tools
@@ -297,7 +297,7 @@ async def plan_for(state: AppState, tenant: str, req: JobRequest) -> Plan | None
         return None
     base, cfg = req.model, state.models.get(req.model)
     if cfg is None:
-        found = await adapters.resolve(state, req.model, tenant)
+        found = await lora_admin.resolve(state, req.model, tenant)
         if found is None:
             return None
         base, cfg = found[0], state.models[found[0]]

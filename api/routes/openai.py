@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from tokenq.api import adapters
+from tokenq.api import lora_admin
 from tokenq.api.deps import PrincipalDep, StateDep, TenantDep
 from tokenq.api.errors import ModelNotFound
 from tokenq.api.openai import embeddings as embeddings_logic
@@ -31,7 +31,7 @@ async def list_models(state: StateDep, who: PrincipalDep) -> dict[str, Any]:
     `model`. An adapter's `root` (its path on the workers) is shown to admin keys only."""
     lens = {name: await context_length(state, name, cfg) for name, cfg in state.models.items()}
     data = [_model(name, None, n) for name, n in lens.items()]
-    for rec in await adapters.list_records(state.redis):
+    for rec in await lora_admin.list_records(state.redis):
         ref = rec.ref()
         if ref is not None and rec.base in lens and rec.usable_by(who.tenant):
             data.append(_model(rec.name, rec.base, lens[rec.base],
@@ -44,7 +44,7 @@ async def get_model(model_id: str, state: StateDep, who: PrincipalDep) -> dict[s
     cfg = state.models.get(model_id)
     if cfg is not None:
         return _model(model_id, None, await context_length(state, model_id, cfg))
-    found = await adapters.resolve(state, model_id, who.tenant)
+    found = await lora_admin.resolve(state, model_id, who.tenant)
     if found is None:
         raise ModelNotFound(f"model {model_id!r} is not served here", param="model")
     base, ref = found

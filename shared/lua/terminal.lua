@@ -1,4 +1,4 @@
--- The library every script that ends a job includes (shared/scripts.py): the one
+-- The library every script that ends a job includes (shared/lua_scripts.py): the one
 -- terminal transition, the bookkeeping it triggers (a batch line counted, its batch
 -- settled, completion webhooks put in the outbox workers deliver), and leaving the
 -- queued indexes. Key prefixes (written between at signs) come from shared/keys.py.

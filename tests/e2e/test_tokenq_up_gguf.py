@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from tokenq.client import Client
-from tokenq.shared.models import gguf_path
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import default_models
+from tokenq.shared.weights import gguf_path
 
 pytestmark = pytest.mark.slow
 

@@ -10,6 +10,7 @@ content, from a folder where no `api/` or `tokenq/` of the checkout is importabl
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,9 +31,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
+    """Built from a copy of the tracked files (symlinks kept): an in-tree build/ left by
+    an earlier build would carry modules that no longer exist into the wheel."""
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("dist")
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                             check=True).stdout.decode().split("\0")
+    for name in filter(None, tracked):
+        path, dest = ROOT / name, src / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink():
+            os.symlink(os.readlink(path), dest)
+        elif path.is_file():
+            shutil.copy2(path, dest)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(out), str(ROOT)], check=True, timeout=300)
+                    "-q", "-w", str(out), str(src)], check=True, timeout=300)
     (whl,) = out.glob("tokenq-*.whl")
     return whl
 

@@ -10,9 +10,9 @@ import json
 import sys
 import threading
 
-from tokenq.shared.models import gguf_path
 from tokenq.shared.settings import ModelConfig, Settings
 from tokenq.shared.vocab import Vocab
+from tokenq.shared.weights import gguf_path
 from tokenq.workers.engines.llamacpp_sampling import check_grammar
 
 

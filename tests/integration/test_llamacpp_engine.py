@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tokenq.shared.models import gguf_path
 from tokenq.shared.schemas import SamplingParams
 from tokenq.shared.settings import Settings
+from tokenq.shared.weights import gguf_path
 from tokenq.workers.engines.base import EngineRequest, Finished, StepOutput
 from tokenq.workers.engines.llamacpp import LlamaCppEngine
 

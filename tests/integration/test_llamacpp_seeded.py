@@ -14,10 +14,10 @@ import pytest
 
 from tests.conftest import GEMMA
 from tests.integration.test_llamacpp_engine import PROMPTS, start_engine
-from tokenq.shared.models import gguf_path
 from tokenq.shared.schemas import SamplingParams
 from tokenq.shared.settings import Settings
 from tokenq.shared.vocab import Vocab
+from tokenq.shared.weights import gguf_path
 from tokenq.workers.engines.base import EngineRequest
 from tokenq.workers.engines.llamacpp_context import create_context
 from tokenq.workers.engines.llamacpp_sampling import (

@@ -17,8 +17,8 @@ import pytest
 from tests.conftest import SMOL
 from tests.lora_fixtures import write_gguf_lora
 from tokenq.cli.stack import Stack
-from tokenq.shared.models import gguf_path
 from tokenq.shared.settings import Settings
+from tokenq.shared.weights import gguf_path
 
 CHAT = [{"role": "user", "content": "Name three colours."}]
 NAME = "smol-support"

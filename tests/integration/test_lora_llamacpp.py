@@ -16,9 +16,9 @@ import pytest
 
 from tests.integration.test_llamacpp_engine import Collector, request, start_engine
 from tests.lora_fixtures import write_gguf_lora
-from tokenq.shared.adapters import AdapterRef
-from tokenq.shared.models import gguf_path
+from tokenq.shared.lora_registry import AdapterRef
 from tokenq.shared.settings import Settings
+from tokenq.shared.weights import gguf_path
 from tokenq.workers.engines.llamacpp import LlamaCppEngine
 
 PROMPT = "Name three colours."

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tokenq.shared.adapters import AdapterRecord
+from tokenq.shared.lora_registry import AdapterRecord
 
 
 def test_rollback_undoes_loads_and_unloads_in_order() -> None:

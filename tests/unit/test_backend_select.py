@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tokenq.shared.models import has_nvidia_gpu, hf_dir, select_backend
 from tokenq.shared.settings import ModelConfig, Settings
+from tokenq.shared.weights import has_nvidia_gpu, hf_dir, select_backend
 from tokenq.workers.main import build_engine
 
 

@@ -7,7 +7,7 @@ import multiprocessing
 import time
 from pathlib import Path
 
-from tokenq.shared.models import assemble_once
+from tokenq.shared.weights import assemble_once
 
 SIZE = 4 << 20
 

@@ -6,28 +6,28 @@ import re
 
 import pytest
 
-from tokenq.shared import keys, scripts
+from tokenq.shared import keys, lua_scripts
 from tokenq.shared.schemas import WorkerHeartbeat, live_workers
 
 
 def test_every_script_loads_with_includes_and_key_prefixes_resolved() -> None:
-    for name in scripts.NAMES:
-        src = scripts.source(name)
+    for name in lua_scripts.NAMES:
+        src = lua_scripts.source(name)
         assert "--#include" not in src and not re.search(r"@[A-Z_]+@", src), name
         assert src.lstrip().startswith("--"), f"{name}.lua opens with its contract"
-    assert "local function end_job" in scripts.source("finish")
-    assert keys.BATCH_PREFIX in scripts.source("create")
+    assert "local function end_job" in lua_scripts.source("finish")
+    assert keys.BATCH_PREFIX in lua_scripts.source("create")
 
 
 def test_an_unknown_key_prefix_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(scripts, "CONSTANTS", {})
-    scripts.source.cache_clear()
+    monkeypatch.setattr(lua_scripts, "CONSTANTS", {})
+    lua_scripts.source.cache_clear()
     try:
         with pytest.raises(KeyError, match="unknown constant"):
-            scripts.source("create")
+            lua_scripts.source("create")
     finally:
         monkeypatch.undo()
-        scripts.source.cache_clear()
+        lua_scripts.source.cache_clear()
 
 
 def beat(ts: float, model: str = "m") -> str:

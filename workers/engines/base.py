@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from tokenq.shared.adapters import AdapterRef
+from tokenq.shared.lora_registry import AdapterRef
 from tokenq.shared.schemas import SamplingParams
 
 EndReason = Literal["stop", "length", "cancelled", "error"]

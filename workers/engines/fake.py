@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tokenq.shared.adapters import AdapterRef
 from tokenq.shared.chat import count_tokens, prompt_text
+from tokenq.shared.lora_registry import AdapterRef
 from tokenq.shared.schema_budget import UNLIMITED, GrammarBudget, SchemaOverBudget, estimate
 from tokenq.shared.schemas import SamplingParams
 from tokenq.shared.settings import ModelConfig

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import llama_cpp as ll
 
-from tokenq.shared.adapters import AdapterRef
+from tokenq.shared.lora_registry import AdapterRef
 from tokenq.shared.schemas import SamplingParams
 from tokenq.shared.settings import ModelConfig
 from tokenq.shared.vocab import Vocab

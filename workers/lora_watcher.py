@@ -1,5 +1,5 @@
 """The worker's adapter watcher: keeps the engine's loaded LoRA versions in step with
-the registry (shared/adapters.py), without a restart.
+the registry (shared/lora_registry.py), without a restart.
 
 On every registry change (it blocks on tokenq:adapters:events) and at least every
 `adapter_poll_s` it reads tokenq:adapters; for each adapter of this worker's
@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 from tokenq.shared import keys
-from tokenq.shared.adapters import AdapterAck, AdapterRecord, AdapterRef
+from tokenq.shared.lora_registry import AdapterAck, AdapterRecord, AdapterRef
 from tokenq.workers.engines.base import Engine
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """LoRA adapter logic behind the admin routes and job submission.
 
-Load, unload and rollback each change one registry record (shared/adapters.py) in a
+Load, unload and rollback each change one registry record (shared/lora_registry.py) in a
 WATCH/MULTI transaction that also appends to tokenq:adapters:events (the workers'
 watchers block on it, so they act at once; they also re-read every `adapter_poll_s`),
 then wait for the base model's live workers to report that they now serve the new state
@@ -21,9 +21,9 @@ from redis.exceptions import WatchError
 from tokenq.api.deps import AppState
 from tokenq.api.errors import Conflict, InvalidRequest, ModelNotFound, NotFound
 from tokenq.shared import keys
-from tokenq.shared.adapters import AdapterAck, AdapterRecord, AdapterRef
-from tokenq.shared.models import select_backend
+from tokenq.shared.lora_registry import AdapterAck, AdapterRecord, AdapterRef
 from tokenq.shared.schemas import live_workers
+from tokenq.shared.weights import select_backend
 
 
 async def get_record(r: aioredis.Redis, name: str) -> AdapterRecord | None:
