@@ -172,14 +172,6 @@ class NotReplicated(TokenqError):
     should_retry = True
 
 
-class NoWorker(TokenqError):
-    """No live worker serves this model (503)."""
-
-    status = 503
-    type = "service_unavailable"
-    code = "no_worker"
-
-
 class JobFailed(TokenqError):
     """The job ended in `failed` for a reason on the server side (500)."""
 

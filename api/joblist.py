@@ -39,8 +39,8 @@ async def listing(st: AppState, tenant: str, *, limit: int, after: str | None,
                   state: str | None, model: str | None,
                   metadata: dict[str, str]) -> dict[str, Any]:
     if state is not None and state not in STATES:
-        raise InvalidRequest(f"state must be one of {', '.join(sorted(STATES))}",
-                             param="state")
+        raise InvalidRequest(f"status must be one of {', '.join(sorted(STATES))}",
+                             param="status")
     index = keys.tenant_jobs(tenant)
     start = 0
     if after is not None:

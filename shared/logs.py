@@ -66,17 +66,3 @@ def configure(level: str | int = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-
-
-def url_host(url: str) -> str:
-    """What a log line may say about a URL a tenant gave (a webhook's): scheme and host
-    only. Paths, queries and userinfo often carry tokens."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or "?"
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "<unparsable url>"
-    return f"{parts.scheme or '?'}://{host}{port}/..."

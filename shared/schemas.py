@@ -20,9 +20,7 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's top_logprobs bound and vLLM's default max_logp
 MAX_EMBED_INPUTS = 2048  # OpenAI's bound on inputs per embeddings request
 
 # SSE event names: what clients see in `event:` lines, in this order per attempt.
-EVENT_QUEUED = "queued"
-EVENT_STARTED = "started"
-EVENT_TOKEN = "token"
+# `queued`, `started` and `token` events are written by the Lua scripts and the publisher.
 EVENT_DONE = "done"
 EVENT_ERROR = "error"
 EVENT_CANCELLED = "cancelled"
@@ -250,7 +248,8 @@ class JobRecord(BaseModel):
     model: str
     backend: str
     priority: Priority
-    state: JobState
+    # The job's state on the wire (as in the 202 and OpenAI's objects); the Redis hash
+    # keeps it in its field `state`.
     status: JobState
     attempts: int
     # attempts that ended preempted for a higher-priority job (not counted as failures)
@@ -284,7 +283,6 @@ class JobRecord(BaseModel):
             model=h["model"],
             backend=h.get("backend", ""),
             priority=h.get("priority", "normal"),  # type: ignore[arg-type]
-            state=h["state"],  # type: ignore[arg-type]
             status=h["state"],  # type: ignore[arg-type]
             attempts=int(h.get("attempts", 0)),
             preemptions=int(h.get("preemptions", 0)),

@@ -200,13 +200,13 @@ def output_line(endpoint: str, rec: JobRecord, custom_id: str) -> dict[str, Any]
     """One line of an output or error file, in OpenAI's batch output format."""
     line: dict[str, Any] = {"id": "batch_req_" + rec.id.removeprefix("job_"),
                             "custom_id": custom_id, "response": None, "error": None}
-    if rec.state == "succeeded":
+    if rec.status == "succeeded":
         line["response"] = {"status_code": 200, "request_id": rec.id,
                             "body": final_response(endpoint, rec)}
-    elif rec.state in ("cancelled", "expired"):
-        code = "batch_cancelled" if rec.state == "cancelled" else "batch_expired"
-        line["error"] = {"code": code, "message": f"the request was {rec.state} before it ran"
-                         if rec.started_at is None else f"the request was {rec.state}"}
+    elif rec.status in ("cancelled", "expired"):
+        code = "batch_cancelled" if rec.status == "cancelled" else "batch_expired"
+        line["error"] = {"code": code, "message": f"the request was {rec.status} before it ran"
+                         if rec.started_at is None else f"the request was {rec.status}"}
     else:
         err = rec.error
         # Refused before it ran (a line rejected at enqueue: attempts 0) or by the engine

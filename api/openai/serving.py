@@ -88,13 +88,13 @@ async def _submit(state: AppState, tenant: str, endpoint: str,
 def raise_for_state(rec: JobRecord) -> JobRecord:
     """A terminal record that is not `succeeded` becomes the matching OpenAI error, marked
     not to be retried: the job already ran (its worker attempts included) to this end."""
-    if rec.state == "succeeded":
+    if rec.status == "succeeded":
         return rec
     exc: TokenqError
     err = rec.error
-    if rec.state == "cancelled":
+    if rec.status == "cancelled":
         exc = Conflict(f"job {rec.id} was cancelled", code="cancelled")
-    elif rec.state == "expired":
+    elif rec.status == "expired":
         exc = JobExpired(f"job {rec.id} passed its deadline before it could run")
     elif err is not None and err.code in CLIENT_ERROR_CODES:
         exc = InvalidRequest(err.message, code=err.code)

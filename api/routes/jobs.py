@@ -34,13 +34,15 @@ async def create_job(body: JobRequest, state: StateDep, tenant: TenantDep, respo
 @router.get("")
 async def list_jobs(request: Request, state: StateDep, tenant: TenantDep,
                     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-                    after: str | None = None, status: Annotated[str | None, Query(
-                        alias="state")] = None,
+                    after: str | None = None, status: str | None = None,
+                    old_status: Annotated[str | None, Query(
+                        alias="state", include_in_schema=False)] = None,
                     model: str | None = None) -> dict[str, Any]:
-    """This API key's jobs, newest first: `state`, `model` and `metadata[key]=value`
-    filters; OpenAI's list object (`after=<last_id>` for the next page)."""
+    """This API key's jobs, newest first: `status`, `model` and `metadata[key]=value`
+    filters (`state=` is the filter's older name); OpenAI's list object (`after=<last_id>`
+    for the next page)."""
     return await joblist.listing(
-        state, tenant, limit=limit, after=after, state=status, model=model,
+        state, tenant, limit=limit, after=after, state=status or old_status, model=model,
         metadata=joblist.metadata_filter(list(request.query_params.multi_items())))
 
 

@@ -230,7 +230,7 @@ class Load:
         accepted = [r.job_id for r in self.readers] + self.posts.accepted
 
         def all_ended() -> bool:
-            return all(main.get(f"/v1/jobs/{j}").json().get("state") in (
+            return all(main.get(f"/v1/jobs/{j}").json().get("status") in (
                 "succeeded", "failed", "cancelled", "expired") for j in accepted)
         wait_for("every accepted job ended", all_ended, 240, every=1)
         ended = time.monotonic()
@@ -245,7 +245,7 @@ class Load:
         statuses = Counter(s for _, s, _ in self.posts.results)
         assert set(statuses) <= {202, 503, 0}, statuses  # never a 500, nor a 4xx
         succeeded = sum(1 for j in accepted
-                        if main.get(f"/v1/jobs/{j}").json()["state"] == "succeeded")
+                        if main.get(f"/v1/jobs/{j}").json()["status"] == "succeeded")
         for cl in self.clients:
             cl.close()
         return {**summary, "succeeded": succeeded, "batch_lines": len(ids),

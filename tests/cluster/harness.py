@@ -239,7 +239,7 @@ def check_history(client: httpx.Client, readers: list[Reader],
     by_job = {r.job_id: r for r in readers}
     for job_id in accepted:
         rec = client.get(f"/v1/jobs/{job_id}").json()
-        if rec.get("state") not in ("succeeded", "failed", "cancelled", "expired"):
+        if rec.get("status") not in ("succeeded", "failed", "cancelled", "expired"):
             summary["lost"] += 1
             continue
         stored = list(events(client, job_id))
@@ -249,7 +249,7 @@ def check_history(client: httpx.Client, readers: list[Reader],
             idx = [e.data["index"] for e in view if e.event == "token"]
             summary["duplicated"] += len(idx) - len(set(idx))
             summary["gaps"] += int(idx != list(range(len(idx))))
-            if rec["state"] == "succeeded":
+            if rec["status"] == "succeeded":
                 assert rec["output"] == "".join(e.data["text"] for e in view
                                                 if e.event == "token"), job_id
                 assert rec["usage"]["completion_tokens"] == len(idx), job_id

@@ -72,7 +72,7 @@ def worker_fault(cluster: Cluster, name: str, fault: Callable[[str], object],
         summary = check_history(c, [rd], [job])
         record = c.get(f"/v1/jobs/{job}").json()
     attempts = [e.data for e in rd.seen if e.event == "started"]
-    assert record["state"] == "succeeded" and record["attempts"] >= 2, record
+    assert record["status"] == "succeeded" and record["attempts"] >= 2, record
     assert attempts[0]["worker"] != attempts[-1]["worker"], attempts
     FIGURES[name] = {**summary, "tokens": len(rd.tokens),
                      "takeover_s": round(rd.marks["takeover_token"] - rd.marks["fault"], 2)}

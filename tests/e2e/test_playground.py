@@ -67,7 +67,7 @@ def test_page_streams_a_job_and_resumes_after_reload(stack: Stack, browser: webd
     assert text(browser, "resumes") == "1"
     assert text(browser, "job-id") == job_id
     record = client.get(f"/v1/jobs/{job_id}").json()
-    assert record["state"] == "succeeded"
+    assert record["status"] == "succeeded"
     n = record["usage"]["completion_tokens"]
     assert n > before, "the job ended before the reload: nothing was resumed"
     assert int(text(browser, "token-count")) == n

@@ -17,8 +17,8 @@ from tokenq.cli.stack import Stack
 
 def wait_output(client: httpx.Client, job_id: str) -> str:
     deadline = time.time() + 30
-    while (rec := client.get(f"/v1/jobs/{job_id}").json())["state"] != "succeeded":
-        assert time.time() < deadline and rec["state"] in ("queued", "running"), rec
+    while (rec := client.get(f"/v1/jobs/{job_id}").json())["status"] != "succeeded":
+        assert time.time() < deadline and rec["status"] in ("queued", "running"), rec
         time.sleep(0.05)
     return str(rec["output"])
 

@@ -55,7 +55,7 @@ def test_tenant_and_queue_limits(limits_stack: Stack) -> None:
         r = redis_of(limits_stack)
         assert r.llen(keys.queue(FAKE_IDLE, "normal")) == 5
         first = r.zrange(keys.tenant_queued("a"), 0, 0)[0]
-        assert a.delete(f"/v1/jobs/{first}").json()["state"] == "cancelled"
+        assert a.delete(f"/v1/jobs/{first}").json()["status"] == "cancelled"
         assert r.zcard(keys.tenant_queued("a")) == 2  # a cancelled job no longer counts
 
 

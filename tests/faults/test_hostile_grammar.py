@@ -143,7 +143,7 @@ def test_a_grammar_that_kills_its_worker_is_poison_not_retried(tmp_path: Path) -
             others += submit(beta, 8, 20)
             wait_terminal(r, others, 120)
             rec = alpha.get(f"/v1/jobs/{poison}").json()
-            assert rec["state"] == "failed", rec
+            assert rec["status"] == "failed", rec
             assert rec["error"]["code"] == "grammar_crashed", rec
             assert rec["attempts"] == 1, rec  # never handed to a second worker
             started = [f for _, f in r.xrange(keys.job_events(poison))  # type: ignore[union-attr]
@@ -180,9 +180,9 @@ def test_real_llamacpp_worker_killed_by_a_grammar_is_not_retried(tmp_path: Path)
                                                                   "maxLength": 50})})
             wait_terminal(r, [ok.json()["id"]], 180)
             rec = c.get(f"/v1/jobs/{poison}").json()
-            assert rec["state"] == "failed" and rec["error"]["code"] == "grammar_crashed", rec
+            assert rec["status"] == "failed" and rec["error"]["code"] == "grammar_crashed", rec
             assert rec["attempts"] == 1, rec
-            assert c.get(f"/v1/jobs/{ok.json()['id']}").json()["state"] == "succeeded"
+            assert c.get(f"/v1/jobs/{ok.json()['id']}").json()["status"] == "succeeded"
             assert len(restarts) == 1  # the one worker the grammar killed, no other
         r.close()
     finally:

@@ -52,7 +52,7 @@ def assert_one_contiguous_stream(client: httpx.Client, job_id: str, seen: list[E
     toks = [e for e in seen if e.event == "token"]
     assert [t.data["index"] for t in toks] == list(range(len(toks)))  # no gap, no duplicate
     record = client.get(f"/v1/jobs/{job_id}").json()
-    assert record["attempts"] == 2 and record["state"] == "succeeded"
+    assert record["attempts"] == 2 and record["status"] == "succeeded"
     assert record["output"] == "".join(t.data["text"] for t in toks)
     assert record["usage"]["completion_tokens"] == len(toks)
 

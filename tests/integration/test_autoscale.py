@@ -90,7 +90,7 @@ def test_autoscaler_follows_a_burst_up_and_back_to_min(
     assert scaler.peak[MODEL] == 3  # clamp(ceil(12 / 2), 0, 3)
     # every job succeeded once, its stream contiguous and equal to its output: none lost
     for rec, events in zip(records, streams.values(), strict=True):
-        assert rec["state"] == "succeeded", rec
+        assert rec["status"] == "succeeded", rec
         toks = [e for e in events if e.event == "token"]
         assert [t.data["index"] for t in toks] == list(range(len(toks)))
         assert rec["output"] == "".join(t.data["text"] for t in toks)

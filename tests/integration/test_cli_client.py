@@ -89,7 +89,7 @@ def test_served_models_takes_plain_names() -> None:
 def test_every_flag_has_an_env_twin(stack: Stack) -> None:
     res = runner.invoke(app, ["jobs", "list"], env={"TOKENQ_BASE_URL": stack.url,
                                                     "TOKENQ_JOBS_LIST_STATE": "bogus"})
-    assert res.exit_code == 1 and "state must be one of" in res.stderr
+    assert res.exit_code == 1 and "status must be one of" in res.stderr
 
 
 def test_toml_config_file(tmp_path: Path) -> None:

@@ -48,7 +48,7 @@ def test_submit_stream_done(client: httpx.Client) -> None:
     assert all(ids) and len(set(ids)) == len(ids)
 
     record = client.get(f"/v1/jobs/{job['id']}").json()
-    assert record["state"] == "succeeded" and record["attempts"] == 1
+    assert record["status"] == "succeeded" and record["attempts"] == 1
     assert record["output"] == "".join(t.data["text"] for t in toks)
     assert record["usage"]["completion_tokens"] == len(toks)
     assert record["usage"]["prompt_tokens"] > 5
@@ -96,8 +96,8 @@ def test_late_subscriber_gets_the_whole_stream(client: httpx.Client) -> None:
 def test_cancel_queued_job_never_runs(client: httpx.Client, stack: Stack) -> None:
     job_id = str(submit(client, model=IDLE_MODEL, max_tokens=8)["id"])
     resp = client.delete(f"/v1/jobs/{job_id}")
-    assert resp.status_code == 200 and resp.json()["state"] == "cancelled"
-    assert client.delete(f"/v1/jobs/{job_id}").json()["state"] == "cancelled"  # idempotent
+    assert resp.status_code == 200 and resp.json()["status"] == "cancelled"
+    assert client.delete(f"/v1/jobs/{job_id}").json()["status"] == "cancelled"  # idempotent
     events = all_events(client, job_id)
     assert [e.event for e in events] == ["queued", "cancelled"]
     # Now start a worker for that model: it must drop the cancelled job and run the next.
@@ -105,7 +105,7 @@ def test_cancel_queued_job_never_runs(client: httpx.Client, stack: Stack) -> Non
     later = str(submit(client, model=IDLE_MODEL, max_tokens=4, temperature=0)["id"])
     assert all_events(client, later)[-1].event == "done"
     record = client.get(f"/v1/jobs/{job_id}").json()
-    assert record["state"] == "cancelled" and record["attempts"] == 0
+    assert record["status"] == "cancelled" and record["attempts"] == 0
     assert [e.event for e in all_events(client, job_id)] == ["queued", "cancelled"]
 
 
@@ -120,7 +120,7 @@ def test_cancel_running_job_aborts_engine_and_frees_slot(client: httpx.Client,
             break
     t0 = time.monotonic()
     record = client.delete(f"/v1/jobs/{job_id}").json()
-    assert record["state"] == "cancelled", record
+    assert record["status"] == "cancelled", record
     assert time.monotonic() - t0 < 1.5
     events = all_events(client, job_id)
     assert events[-1].event == "cancelled"

@@ -28,13 +28,13 @@ def test_list_pages_newest_first_with_filters(client: httpx.Client) -> None:
     try:
         seen, after, pages = [], None, 0
         while True:
-            params = {"limit": "2", "metadata[run]": tag, "state": "queued"}
+            params = {"limit": "2", "metadata[run]": tag, "status": "queued"}
             if after:
                 params["after"] = after
             page = client.get("/v1/jobs", params=params).json()
             assert page["object"] == "list"
             seen += [j["id"] for j in page["data"]]
-            assert all(j["metadata"] == {"run": tag} and j["state"] == "queued"
+            assert all(j["metadata"] == {"run": tag} and j["status"] == "queued"
                        for j in page["data"])
             pages += 1
             if not page["has_more"]:
@@ -56,7 +56,7 @@ def test_list_pages_newest_first_with_filters(client: httpx.Client) -> None:
 
 
 def test_list_refuses_bad_filters_with_400(client: httpx.Client) -> None:
-    for params in ({"state": "done"}, {"limit": "0"}, {"limit": "101"},
+    for params in ({"state": "done"}, {"status": "done"}, {"limit": "0"}, {"limit": "101"},
                    {"after": "job_nope"}):
         resp = client.get("/v1/jobs", params=params)
         assert resp.status_code == 400, (params, resp.text)

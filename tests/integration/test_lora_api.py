@@ -89,8 +89,8 @@ def test_load_request_unload_rollback_with_openai_sdk(
     assert NAME not in {m.id for m in oai.models.list()}
     assert chat(oai, SMOL) == base  # the base model's text exactly, after the adapter ran
     deadline = time.time() + 600
-    while (rec := client.get(f"/v1/jobs/{job['id']}").json())["state"] != "succeeded":
-        assert time.time() < deadline and rec["state"] in ("queued", "running"), rec
+    while (rec := client.get(f"/v1/jobs/{job['id']}").json())["status"] != "succeeded":
+        assert time.time() < deadline and rec["status"] in ("queued", "running"), rec
         time.sleep(0.2)
     assert rec["output"] == v1 and rec["adapter"] == NAME and rec["model"] == SMOL
 

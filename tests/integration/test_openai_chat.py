@@ -48,7 +48,7 @@ def test_chat_non_streaming_matches_native_job(oai: openai.OpenAI, client: httpx
     assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
     # It ran as a job through the queue: the job record holds the same text.
     rec = client.get(f"/v1/jobs/{job_id}").json()
-    assert rec["state"] == "succeeded" and rec["output"] == choice.message.content
+    assert rec["status"] == "succeeded" and rec["output"] == choice.message.content
     # The same request posted as a native job gives the same text (temperature 0).
     native = client.post("/v1/jobs", json={"model": SMOL, "messages": CHAT, "max_tokens": 16,
                                            "temperature": 0}).json()

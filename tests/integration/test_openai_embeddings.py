@@ -48,7 +48,7 @@ def test_paraphrase_ranks_above_unrelated(oai: openai.OpenAI, client: httpx.Clie
     # It ran as a job through the queue.
     resp = oai.embeddings.with_raw_response.create(model=EMBED, input="hello")
     rec = client.get(f"/v1/jobs/{resp.headers['x-tokenq-job-id']}").json()
-    assert rec["state"] == "succeeded" and rec["model"] == EMBED
+    assert rec["status"] == "succeeded" and rec["model"] == EMBED
 
 
 def test_base64_and_dimensions(oai: openai.OpenAI, client: httpx.Client) -> None:

@@ -151,7 +151,7 @@ def test_job_record_keeps_the_raw_text(oai: openai.OpenAI, client: httpx.Client)
         temperature=0)
     out = resp.parse()
     rec = client.get(f"/v1/jobs/{resp.headers['x-tokenq-job-id']}").json()
-    assert rec["state"] == "succeeded" and rec["request"]["tool_choice"] == "required"
+    assert rec["status"] == "succeeded" and rec["request"]["tool_choice"] == "required"
     assert rec["tool_format"] == "generic"
     got = json.loads(rec["output"])
     assert [c["name"] for c in got] == [c.function.name for c in out.choices[0].message.tool_calls]

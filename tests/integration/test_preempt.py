@@ -54,7 +54,7 @@ def wait_done(client: httpx.Client, job_id: str, timeout: float = 600) -> dict[s
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rec: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
-        if rec["state"] not in ("queued", "running"):
+        if rec["status"] not in ("queued", "running"):
             return rec
         time.sleep(0.2)
     raise AssertionError(f"job {job_id} did not end within {timeout}s")
@@ -83,7 +83,7 @@ def assert_stream_is_record(rec: dict[str, Any], seen: list[Event]) -> None:
     assert seen and seen[-1].event == "done", seen[-1:]
     toks = [e for e in seen if e.event == "token"]
     assert [t.data["index"] for t in toks] == list(range(len(toks)))  # no gap, no duplicate
-    assert rec["state"] == "succeeded"
+    assert rec["status"] == "succeeded"
     assert rec["output"] == "".join(t.data["text"] for t in toks)
     assert rec["usage"]["completion_tokens"] == len(toks)
     started = [e.data["attempt"] for e in seen if e.event == "started"]

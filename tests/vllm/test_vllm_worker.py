@@ -45,7 +45,7 @@ def assert_contiguous(client: httpx.Client, job_id: str, events: list[Event], n:
     assert events[-1].data["finish_reason"] == "length"
     assert events[-1].data["usage"]["completion_tokens"] == n
     record = client.get(f"/v1/jobs/{job_id}").json()
-    assert record["state"] == "succeeded" and record["backend"] == "vllm"
+    assert record["status"] == "succeeded" and record["backend"] == "vllm"
     assert record["output"] == "".join(t.data["text"] for t in toks)
 
 
@@ -138,7 +138,7 @@ def test_cancel_mid_stream_aborts_in_the_engine(vclient: httpx.Client, vredis: r
     seen = list(stream_events(vclient, job_id, timeout=120))
     assert seen[-1].event == "cancelled", f"{seen[-1]} after {len(tokens(seen))} tokens"
     assert len(tokens(seen)) < n_tokens
-    assert vclient.get(f"/v1/jobs/{job_id}").json()["state"] == "cancelled"
+    assert vclient.get(f"/v1/jobs/{job_id}").json()["status"] == "cancelled"
     wait_engine_idle(vredis)
 
 
