@@ -30,7 +30,7 @@ def main() -> None:
     args = ap.parse_args()
     idle_compute_threads_sleep()  # before llama.cpp loads, as the worker does
 
-    from tokenq.cli.bench import prompt_text
+    from tokenq.cli.bench.load import prompt_text
     from tokenq.shared.schemas import SamplingParams
     from tokenq.shared.settings import Settings
     from tokenq.shared.weights import gguf_path

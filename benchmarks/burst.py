@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tokenq.cli.bench import run_level
-from tokenq.cli.bench_mixed import find_llama_server
-from tokenq.cli.compare import _process, llama_server_args
+from tokenq.cli.bench.load import run_level
+from tokenq.cli.bench.peers import llama_server_args, llama_server_path, peer_process
 from tokenq.cli.stack import Stack
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings
@@ -71,14 +70,15 @@ def main() -> None:
             stack.stop()
 
     def on_llama_server(salt: str) -> None:
-        binary = find_llama_server()
+        binary = llama_server_path(build=False)
         if binary is None:
             print("C++ llama-server not built (cli/build_llama_server.sh): skipped")
             return
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         cmd = llama_server_args(binary, mc, str(gguf_path(mc, base.state_dir)), port, args.model)
-        with _process(cmd, url + "/health", base.state_dir / "logs" / "llama_server_burst.log"):
+        log = base.state_dir / "logs" / "llama_server_burst.log"
+        with peer_process(cmd, url + "/health", log):
             bursts("llama-server", url, "openai", salt)
 
     for r in range(args.rounds):

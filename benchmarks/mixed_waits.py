@@ -1,15 +1,15 @@
 """Where an interactive job's first token waits, idle and beside a batch, from its record.
 
-`tokenq bench --mixed` reports the interactive TTFT; this splits it, per job, with the
+`tokenq bench mixed` reports the interactive TTFT; this splits it, per job, with the
 times Redis keeps: the record's `created_at` (the API accepted it) and `started_at` (its
 attempt acquired it: the wait for a slot, which under a batch is the preemption), and the
 id of the first token's stream entry (Redis' clock, in ms: the engine's first step and
 its write). Runs the embedded stack, `--arrivals` interactive jobs (`priority: high`,
 Poisson) on an idle worker, then the same beside `--batch` low-priority jobs (those of
-`tokenq bench --mixed`). Usage:
+`tokenq bench mixed`). Usage:
     .venv/bin/python benchmarks/mixed_waits.py [model] [--batch 48] [--arrivals 16]
                                                [--batch-tokens 256] [--quick]
-(model: the default model, as `tokenq bench --mixed`; the figures in docs/benchmarks.md
+(model: the default model, as `tokenq bench mixed`; the figures in docs/benchmarks.md
 name theirs.)
 Prints, per phase, the median [min-max] and p95 of each part in ms.
 """
@@ -25,8 +25,8 @@ from typing import Any
 import httpx
 import redis
 
-from tokenq.cli.bench import Sample, request_body
-from tokenq.cli.bench_mixed import MixedConfig, Send, _client, long_text, run_phase
+from tokenq.cli.bench.load import Sample, request_body
+from tokenq.cli.bench.mixed import MixedConfig, Send, client_for, long_text, run_phase
 from tokenq.cli.sse import stream_events
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
@@ -92,7 +92,8 @@ def report(phase: str, rows: list[dict[str, float]]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="where an interactive first token waits")
-    ap.add_argument("model", nargs="?", help="default: the default model (as bench --mixed)")
+    ap.add_argument("model", nargs="?",
+                    help="default: the default model (as `tokenq bench mixed`)")
     ap.add_argument("--batch", type=int, help="low-priority jobs (default 48)")
     ap.add_argument("--arrivals", type=int, help="interactive jobs (default 16)")
     ap.add_argument("--batch-tokens", type=int,
@@ -111,7 +112,7 @@ def main() -> None:
     try:
         stack.wait_ready(models=[model])
         r = redis.Redis.from_url(stack.redis_url, decode_responses=True)
-        with _client(stack.url, cfg) as client:
+        with client_for(stack.url, cfg) as client:
             send = send_to(client, phase, sent)
             send(request_body(model, long_text("warm-up", cfg.interactive_words), 4, 0, stop),
                  "high")

@@ -7,7 +7,7 @@ Where no Docker engine runs (so `docker compose up` and Grafana cannot), this is
 closest check of what an operator would see: it starts the embedded stack (Redis, API,
 one CPU worker) and a Prometheus with compose/prometheus/prometheus.yml (its `api:8000`
 pointed at this API, the same HTTP service discovery for workers, the same alert rules),
-then drives load with `tokenq bench` at concurrency 4 and 16 (16 is twice the worker's
+then drives load with `tokenq bench run` at concurrency 4 and 16 (16 is twice the worker's
 slots, so jobs wait in the queue), and finally evaluates every expression of the
 dashboard (compose/grafana/dashboards/*.json) over the run. It prints, per panel
 expression, the series count and the max before / during the load, and fails (exit 1)
@@ -136,8 +136,9 @@ def main() -> int:
         time.sleep(3 * args.scrape_s)
         t0 = time.time()  # idle before it, load after it
         bench = subprocess.run(
-            [sys.executable, "-m", "tokenq.cli.main", "bench", "--url", stack.url, "--model", model,
-             "--concurrency", "4,16", "--max-tokens", "48", "--prompt-words", "60"],
+            [sys.executable, "-m", "tokenq.cli.main", "bench", "run", "--url", stack.url,
+             "--model", model, "--concurrency", "4,16", "--max-tokens", "48",
+             "--prompt-words", "60"],
             capture_output=True, text=True, cwd=ROOT)
         t1 = time.time()
         print(f"tokenq bench (c=4, then c=16 on 8 slots): {t1 - t0:.0f} s, rc {bench.returncode}")

@@ -40,7 +40,7 @@ def main() -> None:
         idle_compute_threads_sleep()  # before llama.cpp loads, as the worker does
     import llama_cpp as ll
 
-    from tokenq.cli.bench import prompt_text
+    from tokenq.cli.bench.load import prompt_text
     from tokenq.shared.schemas import SamplingParams
     from tokenq.shared.settings import Settings
     from tokenq.shared.weights import gguf_path

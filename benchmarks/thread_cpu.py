@@ -1,7 +1,7 @@
 """CPU per thread of tokenq's processes (and llama-server's) over a window, from /proc.
 
 Run it while a load runs, e.g. in another shell:
-    .venv/bin/tokenq bench --model gemma3-270m --concurrency 8 --requests 40
+    .venv/bin/tokenq bench run --model gemma3-270m --concurrency 8 --requests 40
     .venv/bin/python benchmarks/thread_cpu.py 15     # after ~45 s, for 15 s
 Prints each thread over 0.3% of a core, then each process's total (100% = one core).
 """

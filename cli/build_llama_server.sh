@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build llama.cpp's C++ llama-server from the source vendored in the llama-cpp-python sdist
 # (same version and CPU flags as the Python build) into ~/.cache/tokenq/llama-server/<key>/.
-# Prints the binary's path. Used by `tokenq bench --compare` as the practical upper bound
-# (and, with --find, by `tokenq bench --mixed`, which never builds it). Ships in the wheel
+# Prints the binary's path. Used by `tokenq bench compare` as the practical upper bound
+# (and, with --find, by `tokenq bench mixed`, which never builds it). Ships in the wheel
 # (package data of tokenq.cli) beside llama_cmake_args.sh; needs cmake and a C++ compiler.
 # PYTHON: the interpreter whose pip downloads the source (default: python3).
 set -euo pipefail

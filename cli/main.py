@@ -1,5 +1,6 @@
-"""`tokenq`: up, api, worker, autoscale, demo, bench, models, soak, hash-key,
-webhook-secret; and the client commands `jobs` and `batch` (cli/client_cmds.py)."""
+"""`tokenq`: up, api, worker, autoscale, demo, models, soak, hash-key, webhook-secret; the
+client commands `jobs` and `batch` (cli/client_cmds.py); the benchmarks `bench`
+(cli/bench/commands.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from tokenq.cli.bench.commands import bench_app
 from tokenq.cli.client_cmds import batch_app, jobs_app
-from tokenq.shared.settings import Settings, SettingsProblem
-from tokenq.shared.settings_load import load_settings
+from tokenq.cli.settings_or_exit import settings_or_exit as _settings
+from tokenq.shared.settings import SettingsProblem
 
 if TYPE_CHECKING:
     from tokenq.cli.autoscale import Autoscaler
@@ -24,6 +26,7 @@ app = typer.Typer(no_args_is_help=True, context_settings={"auto_envvar_prefix": 
                   help="tokenq: queue-backed LLM serving (Redis + Celery + llama.cpp/vLLM).")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(batch_app, name="batch")
+app.add_typer(bench_app, name="bench")  # cli/bench/commands.py: one subcommand per benchmark
 
 
 def _version(value: bool) -> None:
@@ -39,15 +42,6 @@ def _main(version: Annotated[bool, typer.Option(
         "--version", callback=_version, is_eager=True, help="print the version and exit")]
         = False) -> None:
     """tokenq: queue-backed LLM serving (Redis + Celery + llama.cpp/vLLM)."""
-
-
-def _settings(**overrides: object) -> Settings:
-    """The settings, or one line naming the wrong variable and its form (exit 2)."""
-    try:
-        return load_settings(**{k: v for k, v in overrides.items() if v is not None})
-    except SettingsProblem as exc:
-        typer.echo(f"tokenq: {exc}", err=True)
-        raise typer.Exit(2) from None
 
 
 def _logging(level: str = "INFO") -> None:
@@ -168,147 +162,6 @@ def demo(
 
     _logging("WARNING")
     raise typer.Exit(run_demo(_settings(), port or free_port(), transcript, max_tokens))
-
-
-@app.command()
-def bench(
-    url: Annotated[str | None, typer.Option(help="endpoint; default: start the embedded stack")]
-    = None,
-    model: Annotated[str | None, typer.Option()] = None,
-    concurrency: Annotated[str, typer.Option(help="comma-separated levels")] = "1,4,8,16",
-    requests: Annotated[int | None, typer.Option(help="requests per level (default 2 x c)")]
-    = None,
-    prompt_words: Annotated[int, typer.Option()] = 80,
-    max_tokens: Annotated[int, typer.Option()] = 64,
-    budget: Annotated[float, typer.Option(help="p95 e2e budget in seconds")] = 1.5,
-    json_out: Annotated[bool, typer.Option("--json", help="print results as JSON")] = False,
-    compare: Annotated[bool, typer.Option(
-        "--compare", help="also run llama_cpp.server and C++ llama-server on the same model")]
-    = False,
-    vllm: Annotated[bool, typer.Option(
-        "--vllm", help="with --compare or --mixed: tokenq with one vLLM worker vs vLLM's "
-        "OpenAI server on the same converted model")] = False,
-    rounds: Annotated[int, typer.Option(
-        help="with --compare: N rounds against C++ llama-server, both up, levels "
-        "interleaved; medians and ranges")] = 1,
-    inprocess: Annotated[bool, typer.Option(
-        "--inprocess", help="with --compare --rounds: tokenq's engine in-process (no queue) "
-        "as a third peer in every round: the engine vs llama-server, tokenq vs its engine")]
-    = False,
-    long_prompt: Annotated[bool, typer.Option(
-        "--long-prompt", help="p95 ITL of 7 streams before vs during a ~2,000-token prefill")]
-    = False,
-    paired: Annotated[int, typer.Option(
-        "--paired", help="N pairs: c=1 TTFT the queue path adds over the engine in-process, "
-        "alternating one job each way")] = 0,
-    api_key: Annotated[str | None, typer.Option(
-        "--api-key", envvar="TOKENQ_API_KEY", help="API key for --url")] = None,
-    scale: Annotated[bool, typer.Option(
-        "--scale", help="the queue itself, on its own stack and the fake engine: SSE "
-        "fan-out, POST /v1/jobs/s, Redis memory per job, a backlog drained with 0 lost")]
-    = False,
-    quick: Annotated[bool, typer.Option(
-        "--quick", help="--scale or --mixed with small counts")] = False,
-    clients: Annotated[int | None, typer.Option(help="--scale: SSE streams (1000)")] = None,
-    token_rate: Annotated[float | None, typer.Option(
-        help="--scale: tok/s the synthetic source writes to the streams (2000)")] = None,
-    posts: Annotated[int | None, typer.Option(help="--scale: POST /v1/jobs count (2000)")]
-    = None,
-    backlog: Annotated[int | None, typer.Option(help="--scale: backlog jobs (50000)")] = None,
-    mixed: Annotated[bool, typer.Option(
-        "--mixed", help="interactive high-priority arrivals beside a saturating low-priority "
-        "batch: TTFT idle vs under the batch, batch tok/s alone vs mixed; peers: preemption "
-        "off, C++ llama-server (FIFO)")] = False,
-    batch_jobs: Annotated[int | None, typer.Option(help="--mixed: batch jobs (48)")] = None,
-    batch_tokens: Annotated[int | None, typer.Option(
-        help="--mixed: max_tokens of a batch job (256)")] = None,
-    arrivals: Annotated[int | None, typer.Option(
-        help="--mixed: interactive requests (16)")] = None,
-    rate: Annotated[float | None, typer.Option(
-        help="--mixed: interactive arrivals per second, Poisson (0.5)")] = None,
-    peers: Annotated[bool, typer.Option(help="--mixed: also run the peers")] = True,
-) -> None:
-    """Streaming load test: tok/s, TTFT, inter-token and e2e latency per concurrency level."""
-    import json
-
-    if scale:
-        from tokenq.cli.bench_scale import ScaleConfig, run_scale
-
-        cfg = ScaleConfig.from_flags(quick, clients=clients, token_rate=token_rate,
-                                     posts=posts, backlog=backlog)
-        result = run_scale(cfg, (lambda _: None) if json_out else typer.echo)
-        if json_out:
-            typer.echo(json.dumps(result, indent=2))
-        return
-    if mixed:
-        from rich.console import Console
-
-        from tokenq.cli.bench_mixed import config_from, run_mixed
-
-        settings = _settings()
-        out = run_mixed(settings, model or settings.default_model,
-                        config_from(quick, batch_jobs, arrivals, rate, batch_tokens, peers),
-                        Console(stderr=json_out), vllm=vllm)
-        if json_out:
-            typer.echo(json.dumps(out, indent=2))
-        return
-
-    from tokenq.cli.bench import bench as run_bench
-    from tokenq.cli.stack import Stack
-    from tokenq.shared.redis_server import free_port
-
-    settings = _settings()
-    model = model or settings.default_model
-    levels = [int(c) for c in concurrency.split(",") if c.strip()]
-    if paired:
-        from tokenq.cli.inprocess import paired_ttft
-
-        res = paired_ttft(settings, model, paired, prompt_words)
-        typer.echo(json.dumps(res) if json_out else
-                   f"{model}, {paired} pairs at c=1: TTFT p50 in-process "
-                   f"{res['inprocess_ttft_p50_ms']:.0f} ms, tokenq "
-                   f"{res['tokenq_ttft_p50_ms']:.0f} ms; added by the queue path: p50 "
-                   f"{res['added_p50_ms']:+.1f} ms, mean {res['added_mean_ms']:+.1f} ms")
-        return
-    if compare:
-        from rich.console import Console
-
-        from tokenq.cli.compare import compare as run_compare
-        from tokenq.cli.compare_rounds import compare_rounds
-        from tokenq.cli.compare_vllm import compare_vllm
-
-        out = (compare_rounds(settings, model, levels, rounds, requests, prompt_words,
-                              max_tokens, Console(), inprocess) if rounds > 1 and not vllm else
-               (compare_vllm if vllm else run_compare)(
-                   settings, model, levels, requests, prompt_words, max_tokens, budget,
-                   Console()))
-        if json_out:
-            typer.echo(json.dumps(out, indent=2))
-        return
-    stack = None
-    if url is None:
-        stack = Stack(settings, port=free_port(), models=[model], quiet=True).start()
-        stack.wait_ready()
-        url = stack.url
-    try:
-        if long_prompt:
-            from tokenq.cli.bench import long_prompt_impact
-
-            impact = long_prompt_impact(url, model, api_key=api_key)
-            typer.echo(json.dumps(impact) if json_out else
-                       f"{impact['prompt_tokens']:.0f}-token prompt prefilled in "
-                       f"{impact['prefill_s']:.1f} s beside 7 streams: their ITL p95 "
-                       f"{impact['itl_p95_before_ms']:.0f} ms before, "
-                       f"{impact['itl_p95_during_ms']:.0f} ms during "
-                       f"({impact['ratio']:.2f}x)")
-            return
-        result = run_bench(url, model, levels, requests, prompt_words, max_tokens, budget,
-                           quiet=json_out, api_key=api_key)
-    finally:
-        if stack is not None:
-            stack.stop()
-    if json_out:
-        typer.echo(json.dumps(result, indent=2))
 
 
 models_app = typer.Typer(no_args_is_help=True, help="The model registry.")

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from tests.conftest import GEMMA, SMOL
-from tokenq.cli.bench import bench
+from tokenq.cli.bench.load import bench
 from tokenq.cli.stack import Stack
 from tokenq.shared.settings import Settings
 
@@ -23,7 +23,7 @@ def test_bench_smoke_produces_figures(stack: Stack) -> None:
 
 
 def test_long_prompt_scenario_produces_figures(stack: Stack) -> None:
-    from tokenq.cli.bench import long_prompt_impact
+    from tokenq.cli.bench.load import long_prompt_impact
 
     # the two streams must still be decoding when the long prompt arrives and is prefilled
     # (Gemma, a base model, keeps writing; an instruct model may stop at once)
@@ -34,9 +34,9 @@ def test_long_prompt_scenario_produces_figures(stack: Stack) -> None:
 
 
 def test_paired_ttft_produces_figures(tmp_path: Path) -> None:
-    """`tokenq bench --paired`: its own embedded stack (own Redis) beside an in-process
+    """`tokenq bench paired`: its own embedded stack (own Redis) beside an in-process
     engine, alternating jobs; it reports both TTFTs and their difference."""
-    from tokenq.cli.inprocess import paired_ttft
+    from tokenq.cli.bench.inprocess import paired_ttft
 
     settings = Settings(state_dir=tmp_path, redis_url=None)  # the stack starts its own Redis
     out = paired_ttft(settings, SMOL, pairs=2, prompt_words=20, max_tokens=4)
@@ -47,9 +47,9 @@ def test_paired_ttft_produces_figures(tmp_path: Path) -> None:
 
 
 def test_the_inprocess_peer_produces_figures(tmp_path: Path) -> None:
-    """`--compare --rounds N --inprocess`'s third peer: the engine fed from client threads,
-    a level per call (salted prompts, as the rounds send them)."""
-    from tokenq.cli.inprocess import InProcess
+    """`tokenq bench compare --rounds N --inprocess`'s third peer: the engine fed from
+    client threads, a level per call (salted prompts, as the rounds send them)."""
+    from tokenq.cli.bench.inprocess import InProcess
 
     peer = InProcess(Settings(state_dir=tmp_path, redis_url=None), SMOL)
     try:
@@ -64,7 +64,7 @@ def test_the_inprocess_peer_produces_figures(tmp_path: Path) -> None:
 def test_openai_peer_path_produces_figures(stack: Stack) -> None:
     """The path every peer is measured through (a streamed /v1/completions), here against
     tokenq's own OpenAI surface: llama-server and `vllm serve` take the same requests."""
-    from tokenq.cli.bench import run_level
+    from tokenq.cli.bench.load import run_level
 
     level = run_level(stack.url, SMOL, 2, 2, prompt_words=20, max_tokens=6, api="openai")
     assert level.errors == 0 and level.requests == 2

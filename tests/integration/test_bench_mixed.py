@@ -1,4 +1,4 @@
-"""`tokenq bench --mixed` in smoke mode: on its own stack it produces every figure (what
+"""`tokenq bench mixed` in smoke mode: on its own stack it produces every figure (what
 the figures are is for docs/benchmarks.md, not a test)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from tests.conftest import SMOL
-from tokenq.cli.bench_mixed import MixedConfig, arrival_times, run_mixed
+from tokenq.cli.bench.mixed import MixedConfig, arrival_times, run_mixed
 from tokenq.shared.settings import Settings
 
 

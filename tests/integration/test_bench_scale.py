@@ -1,4 +1,4 @@
-"""`tokenq bench --scale` in smoke mode: on its own stack it produces every figure, and no
+"""`tokenq bench scale` in smoke mode: on its own stack it produces every figure, and no
 token and no job is lost (what the figures are is for docs/benchmarks.md, not a test)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from tokenq.cli.bench_scale import ScaleConfig, run_scale
+from tokenq.cli.bench.scale import ScaleConfig, run_scale
 
 
 def test_scale_bench_produces_figures_and_loses_nothing(tmp_path: Path) -> None:

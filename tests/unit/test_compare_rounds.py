@@ -1,12 +1,12 @@
-"""`tokenq bench --compare --rounds`: the medians and ranges it reports, and prompts that
+"""`tokenq bench compare --rounds`: the medians and ranges it reports, and prompts that
 differ between rounds (a server's prompt cache must not serve a later round)."""
 
 from __future__ import annotations
 
 from rich.console import Console
 
-from tokenq.cli.bench import Level, prompt_text
-from tokenq.cli.compare_rounds import ENGINE, PEER, TOKENQ, summarize
+from tokenq.cli.bench.compare_rounds import ENGINE, PEER, TOKENQ, summarize
+from tokenq.cli.bench.load import Level, prompt_text
 
 
 def level(c: int, tok_s: float, ttft_ms: float) -> Level:

@@ -1,4 +1,4 @@
-"""`tokenq bench --mixed --vllm` in smoke mode: tokenq's vLLM worker goes through the three
+"""`tokenq bench mixed --vllm` in smoke mode: tokenq's vLLM worker goes through the three
 phases and produces every figure (what the figures are is for docs/benchmarks.md, not a
 test). The peers are left out here: each is one more vLLM engine start (minutes on a
 2-core CI machine). `vllm serve`'s start is tested in test_conformance.py, the peers'
@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from tests.conftest import SMOL
-from tokenq.cli.bench_mixed import MixedConfig, run_mixed
+from tokenq.cli.bench.mixed import MixedConfig, run_mixed
 from tokenq.shared.settings import Settings
 
 pytestmark = pytest.mark.vllm

@@ -15,7 +15,7 @@ import pytest
 
 from tests.vllm import served
 from tests.vllm.conftest import MAX_MODEL_LEN, SLOTS, TINY
-from tokenq.cli.compare_vllm import vllm_server_args
+from tokenq.cli.bench.compare_vllm import vllm_server_args
 from tokenq.cli.stack import Stack
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import ModelConfig

@@ -1,4 +1,4 @@
-"""`tokenq bench --mixed`: interactive requests beside a saturating low-priority batch.
+"""`tokenq bench mixed`: interactive requests beside a saturating low-priority batch.
 
 Each server gets three phases with the same requests:
 1. idle: the interactive requests alone (Poisson arrivals, `priority: high` on tokenq);
@@ -9,7 +9,7 @@ target <= 1.5x), batch output tok/s alone vs mixed (target >= 0.9x).
 
 Servers: tokenq (its own embedded stack: Redis, API, one worker), tokenq with preemption
 off (`TOKENQ_WORKER__PREEMPT_MAX=0`: priority lanes only), and C++ llama-server (FIFO:
-no priorities) where `tokenq bench --compare` has built it (never built here; the
+no priorities) where `tokenq bench compare` has built it (never built here; the
 peer is skipped, with a message, when it is absent). With `--vllm`: tokenq's vLLM worker
 (both ways) and vLLM's own OpenAI server (FIFO) on the same converted model folder.
 Arrivals stop once the batch has drained, so every measured interactive request met a
@@ -31,8 +31,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from tokenq.cli.bench import Sample, one_job, one_openai, pct, prompt_text, request_body
-from tokenq.cli.compare import _process, llama_server_args, llama_server_path
+from tokenq.cli.bench.load import Sample, one_job, one_openai, pct, prompt_text, request_body
+from tokenq.cli.bench.peers import llama_server_args, llama_server_path, peer_process
 from tokenq.cli.stack import Stack
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings
@@ -191,7 +191,7 @@ def openai_send(client: httpx.Client) -> Send:
     return lambda body, _priority: one_openai(client, body)  # FIFO: no priorities
 
 
-def _client(url: str, cfg: MixedConfig) -> httpx.Client:
+def client_for(url: str, cfg: MixedConfig) -> httpx.Client:
     limits = httpx.Limits(max_connections=2 * (cfg.batch + cfg.arrivals) + 8)
     return httpx.Client(base_url=url, timeout=600, limits=limits)
 
@@ -201,7 +201,7 @@ def on_tokenq(settings: Settings, model: str, cfg: MixedConfig, console: Console
     stack = Stack(settings, port=free_port(), models=[model], quiet=True, env=env).start()
     try:
         stack.wait_ready(models=[model])
-        with _client(stack.url, cfg) as client:
+        with client_for(stack.url, cfg) as client:
             return measure(server, tokenq_send(client), model, cfg, console,
                            settings.models()[model].stop)
     finally:
@@ -212,7 +212,7 @@ def on_llama_server(settings: Settings, model: str, cfg: MixedConfig,
                     console: Console) -> Figures | None:
     binary = llama_server_path(build=False)
     if binary is None:
-        console.print("[yellow]skipping C++ llama-server: not built (`tokenq bench --compare` "
+        console.print("[yellow]skipping C++ llama-server: not built (`tokenq bench compare` "
                       "builds it once)[/]")
         return None
     mc = settings.models()[model]
@@ -222,8 +222,8 @@ def on_llama_server(settings: Settings, model: str, cfg: MixedConfig,
     logs.mkdir(parents=True, exist_ok=True)
     args = llama_server_args(binary, mc, str(gguf_path(mc, settings.state_dir)), port, model)
     try:
-        with _process(args, url + "/health", logs / "llama_server_mixed.log"), \
-                _client(url, cfg) as client:
+        with peer_process(args, url + "/health", logs / "llama_server_mixed.log"), \
+                client_for(url, cfg) as client:
             return measure("llama-server (C++, FIFO)", openai_send(client), model, cfg,
                            console, mc.stop)
     except (RuntimeError, TimeoutError) as exc:
@@ -234,14 +234,14 @@ def on_llama_server(settings: Settings, model: str, cfg: MixedConfig,
 def on_vllm_server(settings: Settings, folder: Path, model: str, cfg: MixedConfig,
                    console: Console) -> Figures:
     """vLLM's own OpenAI server on the same folder and engine settings (FIFO)."""
-    from tokenq.cli.compare_vllm import vllm_server_args
+    from tokenq.cli.bench.compare_vllm import vllm_server_args
 
     mc = settings.models()[model]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with _process(vllm_server_args(str(folder), model, mc, port), url + "/v1/models",
+    with peer_process(vllm_server_args(str(folder), model, mc, port), url + "/v1/models",
                   settings.state_dir / "logs" / "vllm_server_mixed.log", timeout=600), \
-            _client(url, cfg) as client:
+            client_for(url, cfg) as client:
         return measure("vllm serve (FIFO)", openai_send(client), model, cfg, console, mc.stop)
 
 
@@ -251,7 +251,7 @@ def run_mixed(settings: Settings, model: str, cfg: MixedConfig, console: Console
     llama.cpp worker and llama-server."""
     folder = None
     if vllm:
-        from tokenq.cli.compare_vllm import on_vllm
+        from tokenq.cli.bench.compare_vllm import on_vllm
 
         settings, folder = on_vllm(settings, model, console)
     results = [on_tokenq(settings, model, cfg, console, "tokenq", {})]
@@ -267,7 +267,7 @@ def run_mixed(settings: Settings, model: str, cfg: MixedConfig, console: Console
 
 
 def render(console: Console, results: list[Figures], cfg: MixedConfig) -> None:
-    table = Table(title=f"tokenq bench --mixed: {cfg.arrivals} interactive arrivals "
+    table = Table(title=f"tokenq bench mixed: {cfg.arrivals} interactive arrivals "
                         f"({cfg.rate:g}/s, {cfg.interactive_tokens} tokens) beside "
                         f"{cfg.batch} low-priority jobs of {cfg.batch_tokens} tokens")
     for col in ("server", "TTFT p50 idle", "TTFT p95 idle", "TTFT p50 batch",

@@ -1,7 +1,7 @@
 """The same llama.cpp engine driven in-process with no queue: what tokenq's queue path adds.
 
-run_inprocess: a peer of its own in `tokenq bench --compare` (levels, like the others).
-paired_ttft: `tokenq bench --paired N`, the c=1 time to first token that the queue path
+run_inprocess: a peer of its own in `tokenq bench compare` (levels, like the others).
+paired_ttft: `tokenq bench paired --pairs N`, the c=1 time to first token that the queue path
 adds, measured in pairs (one job in-process, then the same-shaped job through the stack,
 N times) so that the VM's drift over minutes, which moves a peer-after-peer comparison by
 tens of ms, cancels out of each difference.
@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from tokenq.cli.bench import SAMPLING, Level, Sample, one_job, prompt_text, request_body
+from tokenq.cli.bench.load import SAMPLING, Level, Sample, one_job, prompt_text, request_body
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.schemas import SamplingParams
 from tokenq.shared.settings import ModelConfig, Settings

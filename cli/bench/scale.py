@@ -1,9 +1,9 @@
-"""`tokenq bench --scale`: the queue itself, not the model.
+"""`tokenq bench scale`: the queue itself, not the model.
 
 One embedded stack (Redis, one API process; later one worker) on loopback, on the fake
 engine, and four measurements:
   (a) SSE fan-out: N streams on one API process while a synthetic source writes their
-      tokens through the worker's own publisher (cli/bench_scale_sse.py): worker -> client
+      tokens through the worker's own publisher (cli/bench/scale_sse.py): worker -> client
       token latency, tokens/s delivered, API CPU per 1,000 tok/s;
   (b) POST /v1/jobs per second on one API process (then DELETE, to clean up);
   (c) Redis memory per queued and per finished job (INFO used_memory deltas);
@@ -32,8 +32,8 @@ import psutil
 import redis
 
 from tokenq.api.openai.batch_driver import line_job_id
-from tokenq.cli.bench_scale_load import Meter, bound, post_jobs, send, used_memory
-from tokenq.cli.bench_scale_sse import part_sse
+from tokenq.cli.bench.scale_load import Meter, bound, post_jobs, send, used_memory
+from tokenq.cli.bench.scale_sse import part_sse
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
 from tokenq.shared.redis_server import free_port
@@ -67,7 +67,7 @@ class ScaleConfig:
     @classmethod
     def from_flags(cls, quick: bool, clients: int | None, token_rate: float | None,
                    posts: int | None, backlog: int | None) -> ScaleConfig:
-        """`tokenq bench --scale [--quick]` with the sizes given on the command line."""
+        """`tokenq bench scale [--quick]` with the sizes given on the command line."""
         cfg = cls.quick() if quick else cls()
         return replace(cfg, clients=cfg.clients if clients is None else clients,
                        token_rate=cfg.token_rate if token_rate is None else token_rate,
@@ -278,7 +278,7 @@ def run_scale(cfg: ScaleConfig, say: Say = print, state_dir: Path | None = None)
         settings = Settings(redis_url=None, state_dir=state, models_file=state / "models.json")
         stack = Stack(settings, port=free_port(), models=list(models), quiet=True,
                       drain_timeout_s=20, env=env)
-        say(f"tokenq bench --scale: {asdict(cfg)}; one API process, embedded Redis (AOF on), "
+        say(f"tokenq bench scale: {asdict(cfg)}; one API process, embedded Redis (AOF on), "
             f"fake engine; limits raised for the bench: queue_limit and tenant_max_queued "
             f"{room}, max_streams_per_tenant {cfg.clients + 16}")
         try:

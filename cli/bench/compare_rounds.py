@@ -1,7 +1,7 @@
-"""`tokenq bench --compare --rounds N`: tokenq against C++ llama-server, N rounds, medians.
+"""`tokenq bench compare --rounds N`: tokenq against C++ llama-server, N rounds, medians.
 
 This machine class moves ±10% between runs, so one run cannot tell a 5% difference. Both
-servers stay up for the whole run (same GGUF, threads and slots as `--compare`), and each
+servers stay up for the whole run (same GGUF, threads and slots as `tokenq bench compare`), and each
 round measures every level on both, in alternating order (round 0 tokenq first, round 1
 llama-server first, ...), so drift hits both alike. Prompts carry the round in their first
 characters: no round finds an earlier round's prompts in either server's prompt cache
@@ -9,7 +9,7 @@ characters: no round finds an earlier round's prompts in either server's prompt 
 level the median tok/s ratio and TTFT p50 difference with their range.
 
 `--inprocess` adds a third peer to every round: tokenq's own engine driven in this
-process (cli/inprocess.py: no Redis, API, HTTP or worker), taking its turn in the same
+process (cli/bench/inprocess.py: no Redis, API, HTTP or worker), taking its turn in the same
 rotation. Then the engine's ratio to llama-server and tokenq's ratio to its engine (what
 the queue path costs on this host) are printed beside the first table.
 """
@@ -22,8 +22,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tokenq.cli.bench import Level, run_level
-from tokenq.cli.compare import _process, llama_server_args, llama_server_binary
+from tokenq.cli.bench.load import Level, run_level
+from tokenq.cli.bench.peers import llama_server_args, llama_server_binary, peer_process
 from tokenq.cli.stack import Stack
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings
@@ -46,14 +46,14 @@ def compare_rounds(settings: Settings, model: str, levels: list[int], rounds: in
     runs: dict[str, dict[int, list[Level]]] = {TOKENQ: {}, PEER: {}}
     engine = None
     if inprocess:
-        from tokenq.cli.inprocess import InProcess
+        from tokenq.cli.bench.inprocess import InProcess
 
         engine = InProcess(settings, model)
         runs[ENGINE] = {}
     stack = Stack(settings, port=free_port(), models=[model], quiet=True).start()
     try:
         stack.wait_ready()
-        with _process(llama_server_args(binary, cfg, str(gguf_path(cfg, settings.state_dir)),
+        with peer_process(llama_server_args(binary, cfg, str(gguf_path(cfg, settings.state_dir)),
                                         port, model), peer_url + "/health",
                       logs / "llama_server.log"):
             for r in range(rounds):

@@ -1,4 +1,4 @@
-"""`tokenq bench --scale`, part (a): SSE fan-out on one API process.
+"""`tokenq bench scale`, part (a): SSE fan-out on one API process.
 
 A synthetic token source stands in for a worker's engine: a child process that acquires
 the jobs through the job store (shared/store.py) and hands steps to the worker's own
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import redis
 
-from tokenq.cli.bench import pct
-from tokenq.cli.bench_scale_load import Meter, bound, command_costs, command_stats, post_jobs
+from tokenq.cli.bench.load import pct
+from tokenq.cli.bench.scale_load import Meter, bound, command_costs, command_stats, post_jobs
 from tokenq.shared import keys
 from tokenq.shared.jobs import Acquired
 from tokenq.shared.schemas import TERMINAL_EVENTS

@@ -1,4 +1,4 @@
-"""`tokenq bench --scale`: what its parts share. A CPU meter per process (what bounds a
+"""`tokenq bench scale`: what its parts share. A CPU meter per process (what bounds a
 part), percentiles, Redis' used_memory, and a lean keep-alive HTTP/1.1 client for request
 rates: httpx spends several times the API's own CPU per request, so with it a 2-core
 machine measures the client, not the API."""

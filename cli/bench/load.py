@@ -1,4 +1,4 @@
-"""`tokenq bench`: a streaming load generator for a tokenq endpoint.
+"""`tokenq bench run`: a streaming load generator for a tokenq endpoint.
 
 For each concurrency level it sends a fixed number of streamed jobs and reports
 output tok/s, TTFT, inter-token latency and end-to-end latency (p50/p95), then

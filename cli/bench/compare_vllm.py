@@ -1,4 +1,4 @@
-"""`tokenq bench --compare --vllm`: tokenq with one vLLM worker against vLLM's own server.
+"""`tokenq bench compare --vllm`: tokenq with one vLLM worker against vLLM's own server.
 
 Same converted Hugging Face folder, same engine settings (max_num_seqs, max_model_len,
 dtype, prefix caching, eager), same prompts and concurrency levels:
@@ -18,8 +18,9 @@ from typing import Any
 
 from rich.console import Console
 
-from tokenq.cli.bench import Level, budget_lines, render, run_level
-from tokenq.cli.compare import _process, ratio_table
+from tokenq.cli.bench.compare import ratio_table
+from tokenq.cli.bench.load import Level, budget_lines, render, run_level
+from tokenq.cli.bench.peers import peer_process
 from tokenq.cli.stack import Stack
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import ModelConfig, Settings
@@ -91,7 +92,7 @@ def compare_vllm(settings: Settings, model: str, levels: list[int], requests: in
         stack.stop()
 
     port = free_port()
-    with _process(vllm_server_args(str(folder), model, cfg, port),
+    with peer_process(vllm_server_args(str(folder), model, cfg, port),
                   f"http://127.0.0.1:{port}/v1/models", logs / "vllm_server.log", timeout=600):
         measure("vllm serve", f"http://127.0.0.1:{port}", "openai")
 

@@ -1,0 +1,91 @@
+"""`tokenq bench`: a sub-app whose help lists one subcommand per benchmark, each with its own
+options and their environment twins; the benchmarks/ scripts import what they share from
+tokenq.cli.bench. Nothing here runs a benchmark."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+import typer.main
+from typer.testing import CliRunner
+
+from tokenq.cli.bench.options import levels_of
+from tokenq.cli.main import app
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+WIDE = {"COLUMNS": "200", "TERM": "dumb"}
+
+# each subcommand and all its options, --help aside
+SUBCOMMANDS = {
+    "run": {"--url", "--model", "--concurrency", "--requests", "--prompt-words", "--max-tokens",
+            "--budget", "--json", "--api-key"},
+    "long-prompt": {"--url", "--model", "--json", "--api-key"},
+    "compare": {"--model", "--concurrency", "--requests", "--prompt-words", "--max-tokens",
+                "--budget", "--json", "--rounds", "--inprocess", "--vllm"},
+    "paired": {"--pairs", "--model", "--prompt-words", "--json"},
+    "mixed": {"--model", "--vllm", "--quick", "--batch-jobs", "--batch-tokens", "--arrivals",
+              "--rate", "--peers", "--no-peers", "--json"},
+    "scale": {"--quick", "--clients", "--token-rate", "--posts", "--backlog", "--json"},
+}
+
+
+def test_bench_help_lists_every_subcommand() -> None:
+    res = runner.invoke(app, ["bench", "--help"], env=WIDE)
+    assert res.exit_code == 0, res.output
+    for name in SUBCOMMANDS:
+        assert f" {name} " in res.output, (name, res.output)
+
+
+def test_each_subcommand_takes_only_its_own_options() -> None:
+    bench = typer.main.get_command(app).commands["bench"]  # type: ignore[attr-defined]
+    assert set(bench.commands) == set(SUBCOMMANDS)
+    for name, command in bench.commands.items():
+        got = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} - {"--help"}
+        assert got == SUBCOMMANDS[name], name
+
+
+@pytest.mark.parametrize("name", list(SUBCOMMANDS))
+def test_each_subcommand_help_runs(name: str) -> None:
+    res = runner.invoke(app, ["bench", name, "--help"], env=WIDE)
+    assert res.exit_code == 0, res.output
+    for option in SUBCOMMANDS[name]:
+        assert option in res.output, (option, res.output)
+    twin = "TOKENQ_BENCH_" + name.upper().replace("-", "_") + "_"  # the environment twins
+    assert twin in res.output, res.output
+
+
+def test_bench_alone_prints_its_help() -> None:
+    res = runner.invoke(app, ["bench"], env=WIDE)
+    assert "run" in res.output and "compare" in res.output, res.output
+
+
+def test_environment_twins_reach_the_options() -> None:
+    """A bad level from TOKENQ_BENCH_RUN_CONCURRENCY is refused before anything starts."""
+    res = runner.invoke(app, ["bench", "run"], env={**WIDE, "TOKENQ_BENCH_RUN_CONCURRENCY": "x"})
+    assert res.exit_code == 2 and "--concurrency" in res.output, res.output
+
+
+def test_rounds_are_refused_with_vllm() -> None:
+    res = runner.invoke(app, ["bench", "compare", "--vllm", "--rounds", "3"], env=WIDE)
+    assert res.exit_code == 2 and "--rounds" in res.output, res.output
+
+
+def test_levels() -> None:
+    assert levels_of("1, 4,8,") == [1, 4, 8]
+    for bad in ("", "0,4", "a"):
+        with pytest.raises(typer.BadParameter):
+            levels_of(bad)
+
+
+@pytest.mark.parametrize("script", ["burst.py", "mixed_waits.py"])
+def test_benchmark_scripts_import_their_helpers_from_the_package(script: str) -> None:
+    """The lab scripts stay runnable as scripts: their imports of tokenq.cli.bench resolve
+    (argparse's --help runs after them and before any work)."""
+    out = subprocess.run([sys.executable, f"benchmarks/{script}", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "usage:" in out.stdout, out.stderr
