@@ -8,9 +8,9 @@ import time
 import httpx
 from rich.console import Console
 
-from tokenq.cli.sse import stream_events
 from tokenq.cli.stack import Stack
 from tokenq.cli.transcripts import RESPONSE_FORMAT, TRANSCRIPTS, summary_messages
+from tokenq.client.sse import stream_events
 from tokenq.shared.settings import Settings
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import redis
 
-from tokenq.cli.sse import Event, parse_lines
+from tokenq.client.sse import RawEvent, parse_lines
 from tokenq.shared import keys as rkeys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,7 +163,7 @@ def submit(client: httpx.Client, max_tokens: int, prompt: str = COUNTING,
 
 
 def events(client: httpx.Client, job_id: str, last_event_id: str | None = None,
-           timeout: float = 120) -> Iterator[Event]:
+           timeout: float = 120) -> Iterator[RawEvent]:
     headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
     with client.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers,
                        timeout=httpx.Timeout(timeout, connect=5)) as resp:
@@ -176,7 +176,7 @@ class Reader:
     """One client's view of one job: every event it was given, across reconnects."""
 
     job_id: str
-    seen: list[Event] = field(default_factory=list)
+    seen: list[RawEvent] = field(default_factory=list)
     times: list[float] = field(default_factory=list)  # when each of `seen` arrived (monotonic)
     connections: int = 0
     marks: dict[str, float] = field(default_factory=dict)  # name -> monotonic time
@@ -186,7 +186,7 @@ class Reader:
         return self.seen[-1].id if self.seen else None
 
     @property
-    def tokens(self) -> list[Event]:
+    def tokens(self) -> list[RawEvent]:
         return [e for e in self.seen if e.event == "token"]
 
     @property

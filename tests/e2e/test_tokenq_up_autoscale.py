@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from tokenq.cli.sse import stream_events
+from tokenq.client.sse import stream_events
 from tokenq.shared.redis_server import free_port
 
 pytestmark = pytest.mark.slow

@@ -18,8 +18,8 @@ import pytest
 import redis
 
 from tests.faults.harness import FAKE, fake_stack, redis_of
-from tokenq.cli.sse import Event, stream_events
 from tokenq.cli.stack import Stack
+from tokenq.client.sse import RawEvent, stream_events
 
 HKEYS = {"alpha": "hk-alpha", "beta": "hk-beta", "admin": "hk-admin", "rush": "hk-rush",
          "prom": "hk-prom"}
@@ -74,7 +74,7 @@ class Victim:
 
     def __init__(self, stack: Stack, max_tokens: int = 2000):
         self.stack, self.max_tokens = stack, max_tokens
-        self.events: list[Event] = []
+        self.events: list[RawEvent] = []
         self.chat: httpx.Response | None = None
         self.errors: list[BaseException] = []
         with client(stack, "beta") as c:

@@ -12,8 +12,8 @@ import redis
 
 from tests.faults.conftest import KEYS
 from tests.faults.harness import check_exactly_once, submit, wait_terminal
-from tokenq.cli.sse import Event, stream_events
 from tokenq.cli.stack import Stack
+from tokenq.client.sse import RawEvent, stream_events
 from tokenq.shared import keys
 
 
@@ -47,7 +47,7 @@ def test_native_disconnect_keeps_the_job_for_resume(alpha: httpx.Client,
     """The other half of the decision: a plain native stream is resumable, so leaving
     does not cancel; the client comes back with Last-Event-ID and gets the rest."""
     job_id = submit(alpha, 1, 60)[0]
-    last: Event | None = None
+    last: RawEvent | None = None
     for ev in stream_events(alpha, job_id, timeout=30):
         last = ev
         if ev.event == "token" and ev.data["index"] == 9:
@@ -70,7 +70,7 @@ def test_frozen_client_is_dropped_and_others_are_unaffected(
     frozen.sendall(f"GET /v1/jobs/{big}/events HTTP/1.1\r\nHost: x\r\n"
                    f"Authorization: Bearer {KEYS['alpha']}\r\n\r\n".encode())
     stamps: list[float] = []
-    healthy: list[Event] = []
+    healthy: list[RawEvent] = []
 
     def follow() -> None:
         for ev in stream_events(alpha, other, timeout=60):

@@ -33,8 +33,8 @@ from tests.faults.harness import (
     wait_terminal,
 )
 from tests.faults.test_abusive_input import assert_envelope
-from tokenq.cli.sse import stream_events
 from tokenq.cli.stack import Stack
+from tokenq.client.sse import stream_events
 from tokenq.shared import keys
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings

@@ -14,8 +14,8 @@ from tests.faults.harness import FAKE, FAKE_IDLE, check_exactly_once, submit, wa
 from tests.faults.hostile import BLOCK_MS, Victim, client, hostile, hredis, logs_of
 from tests.faults.test_abusive_input import assert_envelope
 from tokenq.api.streams import BadCursor, StreamHub, hub_client
-from tokenq.cli.sse import parse_lines, stream_events
 from tokenq.cli.stack import Stack
+from tokenq.client.sse import parse_lines, stream_events
 from tokenq.shared import keys
 from tokenq.shared.settings import Settings
 

@@ -10,12 +10,12 @@ import time
 import httpx
 
 from tests.conftest import GEMMA
-from tokenq.cli.sse import Event, stream_events
 from tokenq.cli.stack import Stack
+from tokenq.client.sse import RawEvent, stream_events
 
 
 def stream_through(client: httpx.Client, stack: Stack, sig: signal.Signals,
-                   max_tokens: int) -> tuple[str, list[Event], float, float]:
+                   max_tokens: int) -> tuple[str, list[RawEvent], float, float]:
     """Stream a Gemma job; after 10 tokens send `sig` to its worker and start a new one.
     Returns the job id, every event one attached client saw, the time from the signal to
     the client seeing the new attempt start, and how long the signalled worker took to exit."""
@@ -23,7 +23,7 @@ def stream_through(client: httpx.Client, stack: Stack, sig: signal.Signals,
                                          "max_tokens": max_tokens, "temperature": 0.8,
                                          "seed": 5})
     job_id = resp.json()["id"]
-    seen: list[Event] = []
+    seen: list[RawEvent] = []
     signalled_at = 0.0
     exited_at: list[float] = []
     watcher = None
@@ -45,7 +45,7 @@ def stream_through(client: httpx.Client, stack: Stack, sig: signal.Signals,
     return job_id, seen, resumed_at - signalled_at, exited_at[0] - signalled_at
 
 
-def assert_one_contiguous_stream(client: httpx.Client, job_id: str, seen: list[Event]) -> None:
+def assert_one_contiguous_stream(client: httpx.Client, job_id: str, seen: list[RawEvent]) -> None:
     kinds = [e.event for e in seen]
     assert kinds[-1] == "done", seen[-1]
     assert [e.data["attempt"] for e in seen if e.event == "started"] == [1, 2]

@@ -30,8 +30,8 @@ from redis.retry import Retry
 
 from tests.faults.harness import BASE_ENV, FAKE, check_exactly_once, wait_terminal
 from tests.faults.sentinel_deploy import SentinelDeployment, sentinel_deployment, wait_for
-from tokenq.cli.sse import Event, parse_lines
 from tokenq.cli.stack import Stack
+from tokenq.client.sse import RawEvent, parse_lines
 from tokenq.shared.redis_conn import sync_client
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.schemas import TERMINAL_EVENTS
@@ -55,7 +55,7 @@ class Reader:
 
     def __init__(self, url: str, job_id: str, deadline: float, idle_s: float = 2.0):
         self.url, self.job_id, self.deadline, self.idle_s = url, job_id, deadline, idle_s
-        self.events: list[Event] = []
+        self.events: list[RawEvent] = []
         self.times: list[float] = []  # monotonic time each event arrived
         self.connections = 0
         self.resumed_after: list[str] = []  # the Last-Event-ID of each reconnect
@@ -63,7 +63,7 @@ class Reader:
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def tokens(self) -> list[Event]:
+    def tokens(self) -> list[RawEvent]:
         return [e for e in list(self.events) if e.event == "token"]
 
     def _run(self) -> None:

@@ -12,8 +12,8 @@ import time
 import httpx
 
 from tests.conftest import GEMMA, SMOL
-from tokenq.cli.sse import Event, stream_events
 from tokenq.cli.stack import Stack
+from tokenq.client.sse import RawEvent, stream_events
 from tokenq.shared.redis_server import free_port
 
 
@@ -35,7 +35,7 @@ def test_api_drain_refuses_new_jobs_and_lets_open_streams_finish(stack: Stack) -
         with httpx.Client(base_url=url, timeout=60) as client:
             job = client.post("/v1/jobs", json={"model": GEMMA, "prompt": "Once upon a time,",
                                                 "max_tokens": 60, "temperature": 0.8}).json()
-            seen: list[Event] = []
+            seen: list[RawEvent] = []
             signalled = threading.Event()
             for ev in stream_events(client, job["id"], timeout=60):
                 seen.append(ev)

@@ -18,8 +18,8 @@ import redis
 
 from tokenq.cli.autoscale import Autoscaler
 from tokenq.cli.scaling import Policy
-from tokenq.cli.sse import Event, stream_events
 from tokenq.cli.stack import Stack
+from tokenq.client.sse import RawEvent, stream_events
 from tokenq.shared import keys
 from tokenq.shared.redis_server import EmbeddedRedis, free_port
 from tokenq.shared.settings import Settings
@@ -83,7 +83,7 @@ def test_autoscaler_follows_a_burst_up_and_back_to_min(
         ids = [client.post("/v1/jobs", json={
             "model": MODEL, "prompt": f"Count from {i} to {i + 20}:", "max_tokens": 24,
             "temperature": 0}).json()["id"] for i in range(BURST)]
-        streams: dict[str, list[Event]] = {
+        streams: dict[str, list[RawEvent]] = {
             job_id: list(stream_events(client, job_id, timeout=180)) for job_id in ids}
         records = [client.get(f"/v1/jobs/{job_id}").json() for job_id in ids]
 

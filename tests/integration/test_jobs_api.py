@@ -9,8 +9,8 @@ import httpx
 import redis
 
 from tests.conftest import GEMMA, IDLE_MODEL, SMOL
-from tokenq.cli.sse import Event, stream_events
 from tokenq.cli.stack import Stack
+from tokenq.client.sse import RawEvent, stream_events
 
 CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
@@ -26,11 +26,11 @@ def submit(client: httpx.Client, **body: object) -> dict[str, object]:
     return out
 
 
-def all_events(client: httpx.Client, job_id: str, last: str | None = None) -> list[Event]:
+def all_events(client: httpx.Client, job_id: str, last: str | None = None) -> list[RawEvent]:
     return list(stream_events(client, job_id, last_event_id=last, timeout=120))
 
 
-def tokens(events: list[Event]) -> list[Event]:
+def tokens(events: list[RawEvent]) -> list[RawEvent]:
     return [e for e in events if e.event == "token"]
 
 
@@ -67,7 +67,7 @@ def test_resume_with_last_event_id_yields_exactly_the_rest(client: httpx.Client)
     # ?last_event_id= works the same way
     with client.stream("GET", f"/v1/jobs/{job_id}/events",
                        params={"last_event_id": middle.id}) as resp:
-        from tokenq.cli.sse import parse_lines
+        from tokenq.client.sse import parse_lines
 
         via_query = list(parse_lines(resp.iter_lines()))
     assert [e.id for e in via_query] == [e.id for e in rest]
@@ -75,7 +75,7 @@ def test_resume_with_last_event_id_yields_exactly_the_rest(client: httpx.Client)
 
 def test_resume_while_running_has_no_gap_or_duplicate(client: httpx.Client) -> None:
     job_id = str(submit(client, max_tokens=60, temperature=0)["id"])
-    seen: list[Event] = []
+    seen: list[RawEvent] = []
     for ev in stream_events(client, job_id, timeout=60):  # disconnect after a few tokens
         seen.append(ev)
         if len(tokens(seen)) == 5:
@@ -113,7 +113,7 @@ def test_cancel_running_job_aborts_engine_and_frees_slot(client: httpx.Client,
                                                          stack_redis: redis.Redis) -> None:
     job_id = str(submit(client, model=GEMMA, prompt="Once upon a time, in a small village,",
                         max_tokens=1500, temperature=0.9, seed=3)["id"])
-    seen: list[Event] = []
+    seen: list[RawEvent] = []
     for ev in stream_events(client, job_id, timeout=60):
         seen.append(ev)
         if len(tokens(seen)) == 5:

@@ -10,7 +10,7 @@ import httpx
 import redis
 
 from tests.conftest import NO_WORKER_MODEL, SMOL
-from tokenq.cli.sse import stream_events
+from tokenq.client.sse import stream_events
 
 
 def value(text: str, name: str, **labels: str) -> float:

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tokenq.cli.sse import Event, stream_events
 from tokenq.cli.stack import Stack
+from tokenq.client.sse import RawEvent, stream_events
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings
 
@@ -67,9 +67,9 @@ def wait_tokens(client: httpx.Client, job_id: str, n: int, timeout: float = 300)
     raise AssertionError(f"job {job_id} ended before {n} tokens")
 
 
-def attach(client: httpx.Client, job_id: str) -> tuple[threading.Thread, list[Event]]:
+def attach(client: httpx.Client, job_id: str) -> tuple[threading.Thread, list[RawEvent]]:
     """One SSE client attached from the start to the end: every event it saw."""
-    seen: list[Event] = []
+    seen: list[RawEvent] = []
 
     def run() -> None:
         seen.extend(stream_events(client, job_id, timeout=600))
@@ -79,7 +79,7 @@ def attach(client: httpx.Client, job_id: str) -> tuple[threading.Thread, list[Ev
     return t, seen
 
 
-def assert_stream_is_record(rec: dict[str, Any], seen: list[Event]) -> None:
+def assert_stream_is_record(rec: dict[str, Any], seen: list[RawEvent]) -> None:
     assert seen and seen[-1].event == "done", seen[-1:]
     toks = [e for e in seen if e.event == "token"]
     assert [t.data["index"] for t in toks] == list(range(len(toks)))  # no gap, no duplicate

@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from tests.vllm.conftest import MAX_MODEL_LEN, SLOTS, TINY
-from tokenq.cli.sse import Event, stream_events
 from tokenq.cli.stack import Stack
+from tokenq.client.sse import RawEvent, stream_events
 from tokenq.shared import keys
 
 pytestmark = pytest.mark.vllm
@@ -34,11 +34,11 @@ def post(client: httpx.Client, **body: object) -> str:
     return str(resp.json()["id"])
 
 
-def tokens(events: list[Event]) -> list[Event]:
+def tokens(events: list[RawEvent]) -> list[RawEvent]:
     return [e for e in events if e.event == "token"]
 
 
-def assert_contiguous(client: httpx.Client, job_id: str, events: list[Event], n: int) -> None:
+def assert_contiguous(client: httpx.Client, job_id: str, events: list[RawEvent], n: int) -> None:
     toks = tokens(events)
     assert [t.data["index"] for t in toks] == list(range(n))
     assert events[-1].event == "done", events[-1]
@@ -146,7 +146,7 @@ def test_concurrent_jobs_get_exact_token_counts(vclient: httpx.Client,
                                                 vredis: redis.Redis) -> None:
     n_tokens = 48
     ids = [post(vclient, max_tokens=n_tokens, seed=i, temperature=0.8) for i in range(SLOTS)]
-    results: dict[str, list[Event]] = {}
+    results: dict[str, list[RawEvent]] = {}
 
     def follow(job_id: str) -> None:
         results[job_id] = list(stream_events(vclient, job_id, timeout=120))
@@ -202,7 +202,7 @@ def test_engine_death_hands_jobs_to_another_attempt(vclient: httpx.Client, vredi
             c.send_signal(signal.SIGKILL)
     assert written() == [0, 0], written()
     # Streams replay from their start: clients that attach now still see every event.
-    seen: dict[str, list[Event]] = {j: [] for j in ids}
+    seen: dict[str, list[RawEvent]] = {j: [] for j in ids}
 
     def follow(job_id: str) -> None:
         with httpx.Client(base_url=vllm_stack.url, timeout=60) as c:
