@@ -1,33 +1,34 @@
-"""The synchronous client: `Client(base_url, api_key=...)`."""
+"""The synchronous client: `Client(base_url, api_key=...)`. The I/O only: what to send,
+what answers mean, when to retry and where to resume are decided in _core and _calls."""
 
 from __future__ import annotations
 
 import builtins
-import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
-from tokenq.client import _core
-from tokenq.client._batch import encode_lines, progress_changed
+from tokenq.client import _calls
+from tokenq.client._calls import Call
 from tokenq.client._core import (
-    RETRY_STATUSES,
     TRANSPORT_ERRORS,
     APIError,
-    Backoff,
-    Resume,
-    SSEDecoder,
+    BatchWatch,
+    ClientCore,
+    Deadline,
+    StreamGaveUp,
 )
 from tokenq.client.models import Batch, Event, FileObject, Job, JobList, TokenEvent
 
 ProgressFn = Callable[[Batch], None]
+T = TypeVar("T")
 
 
-class Client:
+class Client(ClientCore[httpx.Client]):
     """tokenq's jobs and batches over HTTP.
 
     `base_url` may name several API replicas (a list, or comma-separated): requests and
@@ -38,49 +39,29 @@ class Client:
                  api_key: str | None = None, timeout: float = 30.0,
                  stream_read_timeout: float = 60.0, max_retries: int = 5,
                  max_stream_failures: int = 20, http_client: httpx.Client | None = None):
-        self.urls = _core.base_urls(base_url)
-        self._current = 0
-        self._timeout = timeout
-        self._stream_timeout = httpx.Timeout(timeout, read=stream_read_timeout)
-        self.max_retries = max_retries
-        self.max_stream_failures = max_stream_failures
-        self._http = http_client or httpx.Client(timeout=timeout)
-        self._http.headers.update(_core.headers_for(api_key))
-        # The latest stream's resume state (connections made, URLs used): for diagnostics.
-        self.last_stream: Resume | None = None
+        super().__init__(base_url, api_key, timeout, stream_read_timeout, max_retries,
+                         max_stream_failures, http_client or httpx.Client(timeout=timeout))
 
     # -- plumbing ---------------------------------------------------------------------
-
-    @property
-    def base_url(self) -> str:
-        return self.urls[self._current]
-
-    def _rotate(self) -> None:
-        self._current = (self._current + 1) % len(self.urls)
 
     def _request(self, method: str, path: str, *, retry: bool = True,
                  **kw: Any) -> httpx.Response:
         """One call; a dropped connection or a 429/502/503/504 is retried on the next base
         URL (up to `max_retries` times) when `retry`."""
-        tries = 0
+        attempts = self._attempts(retry)
         while True:
             try:
                 resp = self._http.request(method, self.base_url + path, **kw)
             except TRANSPORT_ERRORS:
-                self._rotate()
-                if not retry or tries >= self.max_retries:
+                if (wait := attempts.failed()) is None:
                     raise
-                tries += 1
-                time.sleep(_core.delay_s(tries))
-                continue
-            if resp.status_code in RETRY_STATUSES and retry and tries < self.max_retries:
-                tries += 1
-                self._rotate()
-                time.sleep(max(_core.delay_s(tries), _core.retry_after_s(resp, 0.0)))
-                continue
-            if resp.status_code >= 400:
-                raise APIError.from_response(resp)
-            return resp
+            else:
+                if (wait := attempts.answered(resp)) is None:
+                    return resp
+            time.sleep(wait)
+
+    def _call(self, call: Call[T]) -> T:
+        return call.decode(self._request(call.method, call.path, **call.kwargs))
 
     # -- jobs -------------------------------------------------------------------------
 
@@ -89,23 +70,19 @@ class Client:
                idempotency_key: str | None = None, **params: Any) -> Job:
         """POST /v1/jobs. Retried safely: every submit carries an Idempotency-Key (one is
         made up when not given), so a retry after a lost answer returns the same job."""
-        body = _core.job_body(model, prompt, messages, params)
-        key = idempotency_key or _core.new_idempotency_key()
-        resp = self._request("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": key})
-        return Job.model_validate(resp.json())
+        return self._call(_calls.submit(model, prompt, messages, idempotency_key, params))
 
     def get(self, job_id: str) -> Job:
-        return Job.model_validate(self._request("GET", f"/v1/jobs/{job_id}").json())
+        return self._call(_calls.get_job(job_id))
 
     def cancel(self, job_id: str) -> Job:
-        return Job.model_validate(self._request("DELETE", f"/v1/jobs/{job_id}").json())
+        return self._call(_calls.cancel_job(job_id))
 
     def list(self, *, state: str | None = None, model: str | None = None,
              metadata: dict[str, str] | None = None, limit: int = 20,
              after: str | None = None) -> JobList:
         """One page of this API key's jobs, newest first."""
-        q = _core.list_params(state, model, metadata, limit, after)
-        return JobList.model_validate(self._request("GET", "/v1/jobs", params=q).json())
+        return self._call(_calls.list_jobs(state, model, metadata, limit, after))
 
     def iter_jobs(self, **filters: Any) -> Iterator[Job]:
         """Every job matching the filters, page after page."""
@@ -113,60 +90,40 @@ class Client:
         while True:
             page = self.list(after=after, **filters)
             yield from page.data
-            if not page.has_more or page.last_id is None:
+            if (after := _calls.next_after(page)) is None:
                 return
-            after = page.last_id
 
     def stream(self, job_id: str, *, last_event_id: str | None = None) -> Iterator[Event]:
         """The job's events to its terminal one, each delivered once and in order. A dropped
         connection or a replica that goes away is resumed with Last-Event-ID, on the next
         base URL; StreamGaveUp after `max_stream_failures` failures in a row."""
-        st = self.last_stream = Resume(job_id, last_id=last_event_id)
-        backoff = Backoff(max_failures=self.max_stream_failures)
-        while not st.finished:
-            delay = 0.0
-            got = 0
+        session = self._open_stream(job_id, last_event_id)
+        while not session.finished:
+            url, headers = session.connect()
             try:
-                with self._http.stream("GET", f"{self.base_url}/v1/jobs/{job_id}/events",
-                                       headers=st.request_headers(),
+                with self._http.stream("GET", url, headers=headers,
                                        timeout=self._stream_timeout) as resp:
-                    st.connections += 1
-                    st.urls_tried.append(self.base_url)
-                    if resp.status_code == 204:
+                    answer = session.opened(resp)
+                    if answer == "end":
                         return
-                    if resp.status_code in RETRY_STATUSES:
-                        delay = _core.retry_after_s(resp, 0.0)
-                    elif resp.status_code >= 400:
+                    if answer == "error":
                         resp.read()
                         raise APIError.from_response(resp)
-                    else:
-                        dec = SSEDecoder()
-                        for line in resp.iter_lines():
-                            raw = dec.feed(line)
-                            if raw is None:
-                                continue
-                            got += 1
-                            backoff.progressed()
-                            ev = st.accept(raw)
-                            if ev is not None:
-                                yield ev
-                            if st.finished:
+                    if answer == "read":
+                        for chunk in resp.iter_text():
+                            yield from session.feed(chunk)
+                            if session.finished:
                                 return
             except TRANSPORT_ERRORS:
                 pass
-            if got == 0 and delay == 0.0 and self._ended(job_id, st):
+            if session.may_have_ended() and self._job_done(job_id):
                 return
-            self._rotate()
-            time.sleep(max(delay, backoff.failed()))
+            time.sleep(session.retry_in())
 
-    def _ended(self, job_id: str, st: Resume) -> bool:
-        """After a connection that brought nothing: a job already past its terminal event
-        for this caller (Last-Event-ID given at or after it) has nothing more to send."""
-        if st.last_id is None:
-            return False
+    def _job_done(self, job_id: str) -> bool:
         try:
-            return self.get(job_id).done and st.connections > 1
-        except (APIError, _core.StreamGaveUp):
+            return self.get(job_id).done
+        except (APIError, StreamGaveUp):
             return False
 
     def tokens(self, job_id: str, *, last_event_id: str | None = None) -> Iterator[str]:
@@ -177,55 +134,40 @@ class Client:
 
     def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """Block until the job ends; its final record. TimeoutError after `timeout` s."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(f"job {job_id}", timeout)
         for _ in self.stream(job_id):
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} did not end within {timeout} s")
+            deadline.check()
         return self.get(job_id)
 
     # -- files and batches ------------------------------------------------------------
 
     def upload_file(self, content: bytes | str | Path, *, purpose: str = "batch",
                     filename: str | None = None) -> FileObject:
-        if isinstance(content, Path):
-            filename, content = filename or content.name, content.read_bytes()
-        data = content.encode() if isinstance(content, str) else content
-        resp = self._request("POST", "/v1/files", data={"purpose": purpose},
-                             files={"file": (filename or "input.jsonl", data)})
-        return FileObject.model_validate(resp.json())
+        return self._call(_calls.upload_file(content, purpose, filename))
 
     def create_batch(self, input_file_id: str, *, endpoint: str = "/v1/chat/completions",
                      metadata: dict[str, str] | None = None,
                      idempotency_key: str | None = None) -> Batch:
-        body = {"input_file_id": input_file_id, "endpoint": endpoint,
-                "completion_window": "24h", "metadata": metadata}
-        key = idempotency_key or _core.new_idempotency_key()
-        resp = self._request("POST", "/v1/batches", json=body,
-                             headers={"Idempotency-Key": key})
-        return Batch.model_validate(resp.json())
+        return self._call(_calls.create_batch(input_file_id, endpoint, metadata,
+                                              idempotency_key))
 
     def get_batch(self, batch_id: str) -> Batch:
-        return Batch.model_validate(self._request("GET", f"/v1/batches/{batch_id}").json())
+        return self._call(_calls.get_batch(batch_id))
 
     def cancel_batch(self, batch_id: str) -> Batch:
-        resp = self._request("POST", f"/v1/batches/{batch_id}/cancel")
-        return Batch.model_validate(resp.json())
+        return self._call(_calls.cancel_batch(batch_id))
 
     def wait_batch(self, batch_id: str, *, on_progress: ProgressFn | None = None,
                    poll_s: float = 1.0, timeout: float | None = None) -> Batch:
         """Poll until the batch ends; `on_progress(batch)` whenever its status or counts
         change (and once at the start)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        last: Batch | None = None
+        watch = BatchWatch(batch_id, timeout)
         while True:
             b = self.get_batch(batch_id)
-            if on_progress is not None and progress_changed(last, b):
+            if on_progress is not None and watch.changed(b):
                 on_progress(b)
-            last = b
-            if b.done:
+            if watch.ended(b):
                 return b
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"batch {batch_id} did not end within {timeout} s")
             time.sleep(poll_s)
 
     def submit_batch(self, requests: Path | Iterable[dict[str, Any]], *,
@@ -234,19 +176,15 @@ class Client:
                      on_progress: ProgressFn | None = None, wait: bool = False) -> Batch:
         """Upload a JSONL file (a path, or request bodies to wrap as lines) and start a
         batch over it; with `wait`, follow it to the end."""
-        data = requests.read_bytes() if isinstance(requests, Path) else encode_lines(
-            requests, endpoint)
-        f = self.upload_file(data, filename=requests.name if isinstance(requests, Path)
-                             else "batch.jsonl")
+        data, name = _calls.batch_input(requests, endpoint)
+        f = self.upload_file(data, filename=name)
         b = self.create_batch(f.id, endpoint=endpoint, metadata=metadata)
         return self.wait_batch(b.id, on_progress=on_progress) if wait else b
 
     def batch_results(self, batch: Batch) -> builtins.list[dict[str, Any]]:
         """The output file's lines (one per request that succeeded), parsed."""
-        if batch.output_file_id is None:
-            return []
-        resp = self._request("GET", f"/v1/files/{batch.output_file_id}/content")
-        return [json.loads(line) for line in resp.text.splitlines() if line.strip()]
+        call = _calls.batch_results(batch)
+        return [] if call is None else self._call(call)
 
     # -- lifecycle --------------------------------------------------------------------
 
