@@ -27,8 +27,8 @@ import redis
 
 from tokenq.cli.bench.load import Sample, request_body
 from tokenq.cli.bench.mixed import MixedConfig, Send, client_for, long_text, run_phase
-from tokenq.cli.sse import stream_events
 from tokenq.cli.stack import Stack
+from tokenq.client.sse import stream_events
 from tokenq.shared import keys
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from tokenq.cli.sse import stream_events
+from tokenq.client.sse import stream_events
 
 FILLER = ("The customer called about a duplicate charge on the October invoice and asked "
           "for a refund to the original card. ")
