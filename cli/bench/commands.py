@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 bench_app = typer.Typer(
     no_args_is_help=True,
     help="Benchmarks: load on an endpoint (run, long-prompt), tokenq beside its peers "
-    "(compare, paired), interactive beside a batch (mixed), the queue itself (scale).")
+    "(compare, paired), interactive beside a batch (mixed), the post-call batch beside "
+    "llama-server (postcall), the queue itself (scale).")
 
 
 def emit(result: Any, json_out: bool) -> None:
@@ -216,3 +217,27 @@ def scale(
     cfg = ScaleConfig.from_flags(quick, clients=clients, token_rate=token_rate, posts=posts,
                                  backlog=backlog)
     emit(run_scale(cfg, (lambda _: None) if json_out else typer.echo), json_out)
+
+
+@bench_app.command("postcall")
+def postcall(
+    model: Model = None,
+    calls: Annotated[int, typer.Option(help="call transcripts (200-600 tokens each)")] = 200,
+    max_tokens: MaxTokens = 256,
+    seed: Annotated[int, typer.Option(help="the transcripts' seed")] = 0,
+    runs: Annotated[int, typer.Option(min=1, help="runs; the arms alternate")] = 3,
+    peers: Annotated[bool, typer.Option(help="also run C++ llama-server")] = True,
+    json_out: Json = False,
+) -> None:
+    """The post-call batch end to end: tokenq's Batch API vs C++ llama-server.
+
+    N transcripts summarised into one JSON schema: makespan, output tok/s, valid summaries
+    (parsed and validated against the schema) and those cut at max_tokens, per arm; medians
+    over runs and the ratios."""
+    from rich.console import Console
+
+    from tokenq.cli.bench.postcall import run_postcall
+
+    settings = settings_or_exit()
+    emit(run_postcall(settings, model or settings.default_model, calls, max_tokens, seed,
+                      runs, peers, Console(stderr=json_out)), json_out)
