@@ -28,6 +28,13 @@ from tokenq.shared.weights import gguf_path, has_nvidia_gpu, hf_dir
 
 
 def vllm_server_args(folder: str, model: str, cfg: ModelConfig, port: int) -> list[str]:
+    """vLLM's OpenAI server on tokenq's settings for the model. It runs with tokenq's hook
+    in its processes (AMX permission, die with this process), as tokenq's vLLM worker
+    does: register() puts it on this process's PYTHONPATH, which the server inherits."""
+    from tokenq.shared.settings import get_settings
+    from tokenq.workers.engines.vllm_plugin import register
+
+    register(get_settings().state_dir)
     eager = cfg.enforce_eager if cfg.enforce_eager is not None else not has_nvidia_gpu()
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
             "--served-model-name", model, "--host", "127.0.0.1", "--port", str(port),
