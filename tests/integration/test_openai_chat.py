@@ -53,7 +53,7 @@ def test_chat_non_streaming_matches_native_job(oai: openai.OpenAI, client: httpx
     native = client.post("/v1/jobs", json={"model": SMOL, "messages": CHAT, "max_tokens": 16,
                                            "temperature": 0}).json()
     deadline = time.time() + 60
-    while (rec := client.get(f"/v1/jobs/{native['id']}").json())["state"] != "succeeded":
+    while (rec := client.get(f"/v1/jobs/{native['id']}").json())["status"] != "succeeded":
         assert time.time() < deadline, rec
         time.sleep(0.2)
     assert rec["output"] == choice.message.content

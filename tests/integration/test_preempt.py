@@ -102,7 +102,7 @@ def test_high_job_preempts_a_low_one_which_resumes_without_gap(preempt_stack: St
         for _ in range(3):  # one at a time: each finds both slots taken by low jobs
             highs.append(submit(client, "high", "Say hello.", 8))
             high = wait_done(client, highs[-1])
-            assert high["state"] == "succeeded" and high["preemptions"] == 0
+            assert high["status"] == "succeeded" and high["preemptions"] == 0
         recs = [wait_done(client, j) for j in lows]
         for t, _ in watchers:
             t.join(60)
@@ -127,5 +127,5 @@ def test_a_job_that_asks_for_exact_text_is_not_preempted(preempt_stack: Stack) -
         recs = [wait_done(client, j) for j in exact]
         assert [r["preemptions"] for r in recs] == [0, 0]
         assert recs[0]["output"] == recs[1]["output"]
-        assert wait_done(client, high)["state"] == "succeeded"
+        assert wait_done(client, high)["status"] == "succeeded"
 
