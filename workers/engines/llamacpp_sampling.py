@@ -23,7 +23,6 @@ greedy is numpy's argmax, the first highest logit, as llama.cpp's greedy takes i
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 import random
 from collections.abc import Sequence
@@ -32,11 +31,11 @@ from typing import Any
 
 import llama_cpp as ll
 import numpy as np
-from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from tokenq.shared.schemas import SamplingParams
 from tokenq.shared.vocab import Vocab
 from tokenq.workers.engines import logprobs
+from tokenq.workers.engines.json_grammar import schema_gbnf
 
 # Tokens the repetition/frequency/presence penalties look back over (llama-server's
 # default window).
@@ -53,7 +52,7 @@ FAST_CANDIDATES = 2048
 def compile_grammar(vocab: Any, schema: dict[str, Any]) -> Any:
     """The llama.cpp grammar sampler of a JSON schema (the caller frees it). A schema past
     the API's budgets can crash the process here (docs/reliability.md)."""
-    gbnf = json_schema_to_gbnf(json.dumps(schema))
+    gbnf = schema_gbnf(schema)
     grammar = ll.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
     if not grammar:
         raise ValueError("llama.cpp could not compile the grammar for this JSON schema")
