@@ -86,11 +86,10 @@ class ModelConfig(BaseModel):
     # dozen steps costs every stream a pass per step (SmolLM2 at c=8: 0.85x llama-server's
     # tokens chunked, 0.97-0.99x whole); long prompts stay chunked.
     prefill_whole_tokens: int = Field(default=128, ge=0)
-    # A batch (priority low) prompt never goes whole: a step carries at most this many of
-    # its tokens, or the learned chunk if larger (none beside another job's prompt). A
-    # preemption waits for the step under way, so this bounds how long an interactive
-    # job waits for a slot while a batch is being prefilled (on a slow 2-core VM, 128
-    # SmolLM2 prompt tokens made a 1 s step).
+    # A batch (priority low) prompt beside a watched stream: a step carries at most this
+    # many of its tokens, or the learned chunk if larger (none beside another job's
+    # prompt), so the streams someone watches keep their pace. With the batch alone on the
+    # engine its prompts fill the step (an interactive arrival stops such a step).
     batch_prefill_tokens: int = Field(default=32, ge=1)
     # A free slot keeps its KV cells; a new job keeps the prefix its slot holds (and takes
     # another free slot than the lowest only for a much longer one: llamacpp_slots.py).

@@ -77,27 +77,34 @@ def test_short_prompts_go_whole_and_long_ones_in_chunks(tmp_path: Path,
         eng.close()
 
 
-def test_batch_prompts_go_in_bounded_chunks_even_alone(tmp_path: Path,
-                                                       steps: list[list[int]]) -> None:
-    """A low-priority (background) prompt never fills a step: the step running when an
-    interactive job arrives must end soon. On an idle engine a normal prompt goes whole
-    (nothing decodes beside it); the same prompt as a batch job in chunks of at most
-    batch_prefill_tokens (its default)."""
+def test_batch_prompts_go_in_bounded_chunks_only_beside_other_jobs(
+        tmp_path: Path, steps: list[list[int]]) -> None:
+    """A low-priority (background) prompt goes into one step whole while nothing but
+    batch jobs is on the engine (an interactive arrival stops such a step), and in chunks
+    of at most batch_prefill_tokens (or the learned chunk) while a job that is not a batch
+    job runs: the step running when an interactive job arrives must end soon."""
     eng, col = start_engine(tmp_path, prefix_cache=False)
     prompt = " ".join(PROMPTS) * 2
     try:
-        eng.submit(request("normal", prompt, max_tokens=4))
-        col.wait(["normal"])
-        start = len(steps)
-        batch = request("batch", prompt, max_tokens=4)
+        alone = request("alone", prompt, max_tokens=4)  # slot 0
+        alone.background = True
+        eng.submit(alone)
+        col.wait(["alone"])
+        eng.submit(request("stream", PROMPTS[0], max_tokens=2000))  # slot 0 again
+        with col.cond:
+            assert col.cond.wait_for(lambda: len(col.ids.get("stream", [])) > 2, 60)
+        beside = len(steps)
+        batch = request("batch", prompt, max_tokens=4)  # slot 1
         batch.background = True
         eng.submit(batch)
         col.wait(["batch"])
     finally:
+        eng.cancel("stream")
+        col.wait(["stream"])
         eng.close()
-    assert max(len(s) for s in steps[:start]) > 100  # the normal prompt: one step
-    chunks = [len(s) for s in steps[start:]]
-    assert max(chunks) <= eng.cfg.batch_prefill_tokens < 100 < sum(chunks), chunks
+    assert max(len(s) for s in steps[:beside] if set(s) == {0}) > 100  # alone: one step
+    chunks = [n for s in steps[beside:] if (n := s.count(1)) > 1]
+    assert len(chunks) > 1 and max(chunks) < 100 < sum(chunks), chunks
 
 
 def test_a_held_slot_waits_for_its_job_to_join_the_next_step(tmp_path: Path,

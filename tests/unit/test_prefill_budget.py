@@ -89,12 +89,16 @@ def test_a_step_plan_gives_every_decoder_its_token_and_bursts_their_whole_prompt
     assert b.split(decoding * 3 + long) == [1] * 6 + [8]
 
 
-def test_batch_prompts_only_ever_go_in_bounded_chunks() -> None:
-    """A step that runs while an interactive job arrives must end soon: batch prompts
-    never fill a step, not even with nothing decoding or beside a burst of other prompts."""
+def test_batch_prompts_fill_the_step_alone_and_go_in_bounded_chunks_beside_others() -> None:
+    """With the batch alone on the engine its prompts fill the step (an interactive arrival
+    stops such a step); beside streams someone watches they go in bounded chunks, and not
+    at all beside another job's prompt."""
     b = PrefillBudget(slots=8, n_batch=512, itl_ratio=1.5, min_chunk=8, background_tokens=64)
     batch = [Want(200, prefilling=True, background=True)] * 8
-    assert b.split(batch) == [64] + [0] * 7  # alone on the engine: 64 tokens, not 512
+    assert b.split(batch) == [200, 200, 112] + [0] * 5  # alone on the engine: the step's 512
+    batch_decoding = [Want(1, prefilling=False, background=True)] * 3
+    assert b.split(batch_decoding + batch[:3]) == [1, 1, 1, 200, 200, 109]
+    # beside a watched stream: a bounded chunk
     assert b.split([Want(1, prefilling=False)] * 3 + batch[:2]) == [1, 1, 1, 64, 0]
     # beside interactive prompts: those whole (or chunked), the batch's wait a step
     burst = [Want(50, prefilling=True, whole=True)] * 2
@@ -105,7 +109,8 @@ def test_batch_prompts_only_ever_go_in_bounded_chunks() -> None:
                           background_tokens=16)
     run(small, decoding=7, steps=40)  # a learned chunk above background_tokens is used
     assert small.chunk_tokens() > 16
-    assert sum(small.split(batch[:2])) == small.chunk_tokens()
+    assert sum(small.split([Want(1, prefilling=False), *batch[:2]])) == (
+        1 + small.chunk_tokens())
 
 
 def test_batch_decoders_sit_out_the_step_of_a_whole_interactive_prompt() -> None:
@@ -122,5 +127,5 @@ def test_batch_decoders_sit_out_the_step_of_a_whole_interactive_prompt() -> None
     assert b.split(batch + prompt) == [0] * 6 + [40]
     assert b.split(batch + prompt) == [1] * 6 + [40]
     # a batch prompt does not bench them, nor does a chunk of a long one
-    assert b.split([*batch, Want(200, prefilling=True, background=True)]) == [1] * 6 + [8]
+    assert b.split([*batch, Want(200, prefilling=True, background=True)]) == [1] * 6 + [200]
     assert b.split([*batch, Want(300, prefilling=True)]) == [1] * 6 + [8]

@@ -16,8 +16,10 @@ are decoding (a burst of arrivals, or nothing decoding at all), a step takes
 whole prompts up to `n_batch`: many users' time to first token outweighs a few
 streams' smoothness, and big batches are the cheapest way through prompts. Batch
 (background) jobs do not count as waiting: nobody watches their first token, and a
-step must not grow long on their prompts while an interactive job may arrive. Their
-prompts go in bounded chunks, and not at all while another job's prompt is in.
+step must not grow long on their prompts beside streams someone watches. Their prompts
+go in bounded chunks there, and not at all while another job's prompt is in; with the
+batch alone on the engine they fill the step, as llama-server's prompts do (an
+interactive arrival stops such a step: llamacpp_context.StepAbort).
 
 Nor do batch jobs' decoding rows ride in the step that prefills someone's whole prompt:
 they sit that step out (never two steps running), so the first token waits for the
@@ -84,9 +86,13 @@ class PrefillBudget:
         wholes = sum(w.tokens for w in wants if w.prefilling and w.whole)
         room = max(0, self.n_batch - decoding)
         prompts = max(min(wholes, room), self.tokens(decoding, waiting))
-        # Batch prompts: a bounded chunk, and none while another prompt is being prefilled
-        # (an interactive one's first token comes first).
-        background = (0 if waiting else max(self.chunk_tokens(), self.background_tokens))
+        # Batch prompts: none while another prompt is being prefilled (an interactive
+        # one's first token comes first); a bounded chunk beside streams someone watches;
+        # with the batch alone on the engine, as many as the step holds (as llama-server
+        # takes prompts): such a step is one an interactive arrival stops (StepAbort).
+        watched = any(not w.background for w in wants)
+        background = (0 if waiting else max(self.chunk_tokens(), self.background_tokens)
+                      if watched else room)
         if any(w.prefilling and w.background for w in wants):
             prompts = max(prompts, min(background, room))
         left = decoding - sum(benched) + prompts
