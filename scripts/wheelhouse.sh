@@ -15,7 +15,8 @@ PORTABLE=$(scripts/llama_portable.sh | tail -1)
 venv=.tokenq/wheelhouse-venv  # made by llama_portable.sh
 PIP=($venv/bin/python -m pip --disable-pip-version-check -q)
 
-rm -rf "$OUT" && mkdir -p "$OUT"
+# build/ is setuptools' in-tree staging: a module since moved or deleted would ride along
+rm -rf "$OUT" build && mkdir -p "$OUT"
 cp "$PORTABLE" "$OUT"/
 # tokenq itself and everything it needs; llama-cpp-python is taken from the portable wheel.
 "${PIP[@]}" wheel -w "$OUT" --find-links "$OUT" ".[$EXTRAS]"
