@@ -39,6 +39,9 @@ PROBE_TIMEOUT_S = 180.0
 CACHE_NAME = "llama-cpu-variants.json"
 
 Probe = Callable[[Path], str | None]  # a variant -> None if it ran, else why not
+# A probe's answer that says nothing about the variant (it is taken, nothing is cached):
+# only a signal (SIGILL, SIGSEGV, ...) in the child rules a variant out.
+INCONCLUSIVE = "probe inconclusive: "
 
 
 def variant_of(path: Path) -> str:
@@ -99,6 +102,11 @@ def choose(variants: Iterable[Path], score: Callable[[Path], int], *, amx_ok: bo
             assert probe is not None
             known = probe(path) or ""
             choice.probed = True
+            if known.startswith(INCONCLUSIVE):
+                # not the variant's fault (a model that cannot be decoded, a machine too
+                # busy): nothing cached, and the model's own load says what is wrong
+                choice.path, choice.note = path, known
+                return choice
             if cache:
                 cache.put(path, known)
         if known == "":
@@ -175,7 +183,7 @@ def child_probe(model_path: Path, timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
                                   check=False)
         except subprocess.TimeoutExpired:
-            return f"the probe hung (over {timeout_s:.0f} s)"
+            return f"{INCONCLUSIVE}no answer within {timeout_s:.0f} s"
         if done.returncode == 0:
             return None
         if done.returncode < 0:
@@ -185,7 +193,7 @@ def child_probe(model_path: Path, timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
                 name = f"signal {-done.returncode}"
             return f"{name} in the probe"
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"the probe failed (exit {done.returncode}: {last[:200]})"
+        return f"{INCONCLUSIVE}exit {done.returncode}: {last[:200]}"
 
     return probe
 

@@ -55,7 +55,8 @@ class Vocab(ChatRenderer):
     """Tokenizer and chat template of a GGUF; `vocab_only` loads no weights (for the API)."""
 
     def __init__(self, path: Path, cfg: ModelConfig, *, vocab_only: bool, n_gpu_layers: int = 0):
-        _init_backend(None if vocab_only else path)
+        # the probe decodes a prompt: a chat model's worker probes, not an embedding one's
+        _init_backend(None if vocab_only or cfg.embedding else path)
         params = ll.llama_model_default_params()
         params.vocab_only = vocab_only
         params.n_gpu_layers = n_gpu_layers

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tokenq.shared.llamacpp_dispatch import (
+    INCONCLUSIVE,
     PIN_ENV,
     Probe,
     VerdictCache,
@@ -151,7 +152,20 @@ def test_the_real_child_probe_reports_the_signal(stand_ins: dict[str, Path],
     verdict = child_probe(gguf, timeout_s=120)(stand_ins["sapphirerapids"])
     assert verdict == "SIGILL in the probe"
     verdict = child_probe(gguf, timeout_s=120)(stand_ins["skylakex"])
-    assert verdict is not None and "could not load its CPU backend" in verdict
+    assert verdict is not None and verdict.startswith(INCONCLUSIVE)
+    assert "could not load its CPU backend" in verdict
+
+
+def test_an_inconclusive_probe_takes_the_variant_and_caches_nothing(tmp_path: Path) -> None:
+    """A probe that fails without a signal (the model cannot be decoded, a busy machine)
+    says nothing about the variant: the variant is taken, the model's own load then says
+    what is wrong, and no verdict poisons the cache for the next start."""
+    cache = VerdictCache(tmp_path / "v.json", host="h")
+    got = choose(VARIANTS, score, amx_ok=True, cache=cache,
+                 probe=lambda _: f"{INCONCLUSIVE}exit 1: llama_decode failed")
+    assert got.path == Path("/lib/libggml-cpu-sapphirerapids.so")
+    assert INCONCLUSIVE in got.describe()
+    assert cache.get(Path("/lib/libggml-cpu-sapphirerapids.so")) is None
 
 
 def test_worker_log_names_the_variant_and_those_passed_over(
