@@ -15,14 +15,13 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tokenq.cli.bench.peers import wait_http
 from tokenq.shared.redis_server import free_port
 
 pytestmark = pytest.mark.slow
@@ -110,16 +109,10 @@ def test_up_from_the_wheel_streams_a_job(venv: Path) -> None:
                             start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, (venv.parent / "up.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, (venv.parent / "up.log").read_text()[-3000:]
-            time.sleep(0.3)
+        try:
+            wait_http(f"{url}/ready", proc, timeout=180)
+        except (RuntimeError, TimeoutError) as exc:
+            raise AssertionError((venv.parent / "up.log").read_text()[-3000:]) from exc
         done = subprocess.run(
             [tokenq, "jobs", "submit", "smollm2-135m-instruct", "Say hi.", "--chat",
              "--url", url, "--max-tokens", "8", "--temperature", "0", "--watch"],
