@@ -12,6 +12,7 @@ import typer
 
 from tokenq.cli.bench.commands import bench_app
 from tokenq.cli.client_cmds import batch_app, jobs_app
+from tokenq.cli.envtwins import FlagTwinGroup
 from tokenq.cli.settings_or_exit import settings_or_exit as _settings
 from tokenq.shared.settings import SettingsProblem
 
@@ -19,10 +20,11 @@ if TYPE_CHECKING:
     from tokenq.cli.autoscale import Autoscaler
     from tokenq.cli.stack import Stack
 
-# Every flag has an environment twin: TOKENQ_<COMMAND>_<OPTION> (e.g. TOKENQ_UP_PORT,
-# TOKENQ_JOBS_LIST_LIMIT); --url and --api-key read TOKENQ_BASE_URL and TOKENQ_API_KEY.
-app = typer.Typer(no_args_is_help=True, context_settings={"auto_envvar_prefix": "TOKENQ",
-                                                          "show_default": True},
+# Every flag has an environment twin named after it: TOKENQ_<COMMAND>_<FLAG> (e.g.
+# TOKENQ_UP_PORT, TOKENQ_UP_MIN, TOKENQ_JOBS_LIST_LIMIT; cli/envtwins.py). The client
+# commands' --url and --api-key also read TOKENQ_BASE_URL and TOKENQ_API_KEY.
+app = typer.Typer(cls=FlagTwinGroup, no_args_is_help=True,
+                  context_settings={"auto_envvar_prefix": "TOKENQ", "show_default": True},
                   help="tokenq: queue-backed LLM serving (Redis + Celery + llama.cpp/vLLM).")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(batch_app, name="batch")

@@ -1,6 +1,7 @@
-"""Log lines for every process: text (default) or JSON (TOKENQ_LOG_FORMAT=json), with the
-job's context (job_id, tenant, model, attempt, worker) on every line logged while it is
-bound (`bind(job_id=...)`, per thread or asyncio task: a context variable)."""
+"""Log lines for every process: text (default) or JSON (the `log_format` setting:
+TOKENQ_LOG_FORMAT=json, or `log_format = "json"` in the TOML file), with the job's context
+(job_id, tenant, model, attempt, worker) on every line logged while it is bound
+(`bind(job_id=...)`, per thread or asyncio task: a context variable)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import contextlib
 import contextvars
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -51,18 +51,36 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
+def log_format() -> str:
+    """The `log_format` setting, read where every setting is (TOKENQ_LOG_FORMAT, else the
+    TOML file); text while the settings do not load (the command says why itself)."""
+    from tokenq.shared.settings import Settings
+
+    try:
+        return Settings().log_format
+    except (ValueError, OSError):
+        return "text"
+
+
 def json_wanted() -> bool:
-    return os.environ.get("TOKENQ_LOG_FORMAT", "text").lower() == "json"
+    """Whether this process writes JSON lines (a root handler formats them): then a log
+    line's context is worth a Redis read."""
+    return any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers)
 
 
-def formatter() -> logging.Formatter:
-    return JsonFormatter() if json_wanted() else logging.Formatter(TEXT_FORMAT)
+def formatter(fmt: str | None = None) -> logging.Formatter:
+    """The formatter of `fmt` (`text` | `json`; None: the `log_format` setting)."""
+    return JsonFormatter() if (fmt or log_format()) == "json" else logging.Formatter(TEXT_FORMAT)
 
 
-def configure(level: str | int = "INFO") -> None:
-    """Root logging to stderr in the chosen format (replaces earlier handlers)."""
+def configure(level: str | int = "INFO", fmt: str | None = None) -> None:
+    """Root logging to stderr in the chosen format (None: the `log_format` setting; replaces
+    earlier handlers)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter())
+    handler.setFormatter(logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # after the handler is in place: a warning from reading the settings (an old variable
+    # name) is not lost
+    handler.setFormatter(formatter(fmt))
