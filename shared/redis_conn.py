@@ -89,10 +89,30 @@ def _sentinel_kwargs(settings: Settings) -> dict[str, Any]:
     return kw
 
 
+def _timeouts(settings: Settings, url: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` with the deployment's socket timeouts and TCP keepalive where neither the
+    caller nor the URL's query set them: a client cut off from its primary (a partition,
+    a dead node that sent no FIN) fails its command within redis_socket_timeout_s and
+    reconnects, instead of waiting for the kernel's TCP timeout."""
+    given = set(kwargs) | set(redis.connection.parse_url(url))  # type: ignore[no-untyped-call]
+    out = dict(kwargs)
+    # Redis WAIT (durable acceptance) holds a command up to its timeout.
+    wait_s = settings.api.durable_timeout_ms / 1000
+    defaults = {"socket_timeout": max(settings.redis_socket_timeout_s, wait_s + 1),
+                "socket_connect_timeout": settings.redis_connect_timeout_s,
+                "socket_keepalive": True}
+    if url.startswith("unix:"):  # no TCP: no keepalive (and no such option)
+        del defaults["socket_keepalive"]
+    out.update({k: v for k, v in defaults.items() if k not in given})
+    return out
+
+
 def sync_client(settings: Settings, *, url: str | None = None, **kwargs: Any) -> redis.Redis:
     """A blocking client on the deployment's master. `url` replaces TOKENQ_REDIS_URL (an
-    embedded Redis); `kwargs` are redis.Redis options (decode_responses, retry, ...)."""
+    embedded Redis); `kwargs` are redis.Redis options (decode_responses, retry, ...); the
+    socket timeouts default to the settings' (`_timeouts`)."""
     url = url or settings.require_redis_url()
+    kwargs = _timeouts(settings, url, kwargs)
     if not settings.redis_sentinels:
         return redis.Redis.from_url(url, **kwargs)
     sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
@@ -106,6 +126,7 @@ def async_client(settings: Settings, *, url: str | None = None,
                  **kwargs: Any) -> aioredis.Redis:
     """`sync_client` for asyncio (the API), its commands packed in C (`CPacked`)."""
     url = url or settings.require_redis_url()
+    kwargs = _timeouts(settings, url, kwargs)
     if not settings.redis_sentinels:
         client: aioredis.Redis = aioredis.Redis.from_url(url, **kwargs)
     else:
@@ -157,8 +178,12 @@ def celery_broker(settings: Settings) -> tuple[str, dict[str, Any]]:
     sentinels, kombu's `sentinel://[:password@]host:port/db;sentinel://...` and
     `master_name` / `sentinel_kwargs`; else TOKENQ_REDIS_URL as it is."""
     url = settings.require_redis_url()
+    # kombu's BRPOP waits 1 s (brpop_timeout) at a time, well inside the socket timeout.
+    timeouts = {"socket_timeout": settings.redis_socket_timeout_s,
+                "socket_connect_timeout": settings.redis_connect_timeout_s,
+                "socket_keepalive": True}
     if not settings.redis_sentinels:
-        return url, {}
+        return url, timeouts
     master = _master_kwargs(url)
     if master.get("ssl"):
         raise ValueError("TOKENQ_REDIS_URL: rediss:// with sentinels is not supported for "
@@ -172,5 +197,5 @@ def celery_broker(settings: Settings) -> tuple[str, dict[str, Any]]:
     broker = ";".join(f"sentinel://{auth}{h}:{p}/{db}"
                       for h, (_, p) in zip(hosts, _addresses(settings), strict=True))
     options: dict[str, Any] = {"master_name": settings.redis_master_name,
-                               "sentinel_kwargs": _sentinel_kwargs(settings)}
+                               "sentinel_kwargs": _sentinel_kwargs(settings), **timeouts}
     return broker, options

@@ -221,6 +221,12 @@ class Settings(BaseSettings):
     redis_sentinels: Annotated[list[str], NoDecode] = Field(default_factory=list)
     redis_master_name: str = "mymaster"
     redis_sentinel_password: str | None = None
+    # Every Redis client (shared/redis_conn.py, Celery's broker included): a command that
+    # gets no answer within redis_socket_timeout_s fails and is retried on a fresh
+    # connection (which asks the sentinels again), so no process waits on a partitioned
+    # primary for the kernel's TCP timeout; a connect is bounded by redis_connect_timeout_s.
+    redis_socket_timeout_s: float = Field(default=5.0, gt=0, le=300)
+    redis_connect_timeout_s: float = Field(default=3.0, gt=0, le=60)
     state_dir: Path = Field(default_factory=lambda: Path.cwd() / ".tokenq")
 
     models_file: Path | None = None

@@ -129,6 +129,10 @@ class WorkerSettings(BaseModel):
     rescue_after_s: float = 10.0
     # SIGTERM: stop taking jobs, let running ones finish this long, then hand them back.
     drain_grace_s: float = 30.0
+    # A worker that cannot reach Redis this long (no heartbeat written) exits with code 3,
+    # so its supervisor (tokenq up, Kubernetes, compose's restart policy) decides what
+    # next; its jobs' leases have expired by then and other workers took them. 0: never.
+    redis_give_up_s: float = Field(default=300.0, ge=0)
 
     # Preemption (workers/preempt.py): while a job waits in a higher lane (high over normal
     # over low) and every slot of this worker is taken, running jobs of a lower lane are

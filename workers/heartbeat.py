@@ -57,8 +57,10 @@ class Heartbeat:
     leases: Leases
     reconciler: Reconciler
     on_engine_died: Callable[[], None]
+    on_redis_gone: Callable[[float], None]
     metrics_port: int | None = None  # advertised once the metrics server is up
     metrics_host: str = ""
+    bound_to_all: bool = False  # metrics_host is this host's address, read every beat
     _stop: threading.Event = field(default_factory=threading.Event)
     _stopped_steps: int = 0  # the engine's count at the last beat
 
@@ -97,7 +99,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         s = self.settings
-        last = time.monotonic()
+        last = reached = time.monotonic()
         while not self._stop.wait(s.worker.heartbeat_s):
             now = time.monotonic()
             if now - last > s.worker.lease_ttl_s / 2:
@@ -109,7 +111,14 @@ class Heartbeat:
                 return
             try:
                 self.leases.renew()
+                if self.bound_to_all:  # an address that changed (a container moved) follows
+                    self.metrics_host = advertised_metrics_host(s)
                 self.beat()
+                reached = time.monotonic()
                 self.reconciler.maybe_run()
             except redis.RedisError:
                 log.exception("heartbeat failed")
+                gone = time.monotonic() - reached
+                if s.worker.redis_give_up_s and gone > s.worker.redis_give_up_s:
+                    self.on_redis_gone(gone)
+                    return

@@ -28,7 +28,7 @@ from tokenq.shared.settings import ModelConfig, Settings
 from tokenq.shared.weights import gguf_path, hf_dir, select_backend
 from tokenq.workers import tasks
 from tokenq.workers.engines.base import Engine
-from tokenq.workers.runtime import WorkerRuntime, bind, runtime_of
+from tokenq.workers.runtime import WorkerRuntime, bind, exit_if_still_alive, runtime_of
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +137,9 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
     engine_dead = False
 
     @signals.worker_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
-    def _stop(**_: Any) -> None:
+    def _stop(sender: Any = None, **_: Any) -> None:
         nonlocal engine_dead
+        exit_if_still_alive(int(getattr(sender, "exitcode", None) or 0))
         rt = runtime_of(app)
         if rt is not None:
             engine_dead = rt.engine_dead.is_set()

@@ -40,6 +40,9 @@ from tokenq.workers.webhooks import WebhookSender
 
 log = logging.getLogger(__name__)
 
+EXIT_REDIS_GONE = 3  # the exit code of a worker that gave up on Redis (redis_give_up_s)
+EXIT_GRACE_S = 60.0  # after Celery stopped, the process ends within this (exit_if_still_alive)
+
 _APP_ATTR = "tokenq_runtime"
 
 
@@ -74,7 +77,8 @@ class WorkerRuntime:
             r=self.r, settings=s, worker_id=self.worker_id, model=self.model, engine=self.engine,
             adapters=self.adapters, metrics=self.metrics,
             leases=Leases(self.store, self.publisher, self.engine, self.worker_id),
-            reconciler=self.reconciler, on_engine_died=self._engine_died)
+            reconciler=self.reconciler, on_engine_died=self._engine_died,
+            on_redis_gone=self._redis_gone)
 
     def start(self) -> None:
         s = self.settings
@@ -84,6 +88,8 @@ class WorkerRuntime:
                                           registry=self.metrics.registry)
             self.heartbeat.metrics_port = int(server.server_port)
             self.heartbeat.metrics_host = advertised_metrics_host(s)
+            self.heartbeat.bound_to_all = not s.worker.metrics_host and \
+                s.worker.metrics_addr in ("", "0.0.0.0", "::")
         self.publisher.start()
         self.engine.start(self.publisher.sink)
         self.cancels.start()
@@ -111,6 +117,16 @@ class WorkerRuntime:
     def drain(self) -> None:
         self.drainer.drain()
 
+    def _redis_gone(self, gone_s: float) -> None:
+        """Redis unreachable for longer than worker.redis_give_up_s: exit with code
+        EXIT_REDIS_GONE at once (a warm shutdown would wait on writes that cannot happen).
+        The jobs' leases have expired meanwhile; whichever worker reaches Redis takes them."""
+        log.critical("worker %s: Redis unreachable for %.0f s (worker.redis_give_up_s=%.0f); "
+                     "exiting with code %d so the supervisor decides", self.worker_id, gone_s,
+                     self.settings.worker.redis_give_up_s, EXIT_REDIS_GONE)
+        logging.shutdown()
+        os._exit(EXIT_REDIS_GONE)
+
     def _engine_died(self) -> None:
         """The engine cannot serve again: leave /ready at once (no more heartbeats), let the
         task threads hand their jobs back, and stop the process so a supervisor starts a
@@ -123,6 +139,22 @@ class WorkerRuntime:
         except redis.RedisError:
             log.exception("could not remove the heartbeat")
         os.kill(os.getpid(), signal.SIGTERM)  # Celery warm shutdown: stop consuming
+
+
+def exit_if_still_alive(exitcode: int, after_s: float = EXIT_GRACE_S) -> None:
+    """Celery's worker has stopped (a warm shutdown, or its consumer's "Unrecoverable
+    error"): the process must end, so its supervisor restarts it. A thread that does not
+    let go (a library's non-daemon thread, an engine stuck in C) would keep it alive and
+    consuming nothing; after `after_s` this daemon timer ends it with Celery's exit code."""
+    def _end() -> None:
+        log.error("worker: still alive %.0f s after Celery stopped; exiting with code %d",
+                  after_s, exitcode)
+        logging.shutdown()
+        os._exit(exitcode)
+
+    t = threading.Timer(after_s, _end)
+    t.daemon = True
+    t.start()
 
 
 def bind(app: Celery, rt: WorkerRuntime | None) -> None:

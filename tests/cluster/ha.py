@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -241,7 +242,8 @@ class Load:
         assert final["status"] == "completed", final
         out = main.get(f"/v1/files/{final['output_file_id']}/content").text.splitlines()
         ids = sorted(json.loads(x)["custom_id"] for x in out)
-        assert ids == sorted(f"line-{i}" for i in range(BATCH_LINES)), ids  # each once
+        assert ids == sorted(f"line-{i}" for i in range(BATCH_LINES)), (
+            ids, final, self._missing(main, final, ids))  # each once
         statuses = Counter(s for _, s, _ in self.posts.results)
         assert set(statuses) <= {202, 503, 0}, statuses  # never a 500, nor a 4xx
         succeeded = sum(1 for j in accepted
@@ -252,6 +254,27 @@ class Load:
                 "posts_202": statuses[202], "posts_503": statuses[503],
                 "posts_failed": statuses[0], "all_ended_s": round(ended - t0, 2),
                 "max_token_gap_s": self.max_token_gap()}
+
+    def _missing(self, main: httpx.Client, final: dict[str, Any],
+                 ids: list[str]) -> list[Any]:
+        """What became of the lines missing from the output: the batch's error file lines
+        and each missing line's job record (status, error, attempts)."""
+        errs = []
+        if final.get("error_file_id"):
+            errs = main.get(f"/v1/files/{final['error_file_id']}/content").text.splitlines()
+        got = []
+        for i in range(BATCH_LINES):
+            if f"line-{i}" not in ids:
+                job = f"job_{self.batch.removeprefix('batch_')}_{i + 1}"
+                rec = main.get(f"/v1/jobs/{job}").json()
+                got.append({k: rec.get(k) for k in ("id", "status", "error", "attempts")})
+                for svc in ("cpu-worker", "api"):
+                    for cid in self.c.containers(svc, running=False):
+                        logs = subprocess.run(["docker", "logs", cid], capture_output=True,
+                                              text=True, timeout=60)
+                        got += [ln for ln in (logs.stdout + logs.stderr).splitlines()
+                                if job in ln][:20]
+        return [errs, got]
 
     def max_token_gap(self) -> float:
         """The longest wait between two tokens of one stream (a stall a client sees)."""

@@ -93,7 +93,15 @@ def test_without_sentinels_clients_are_plain() -> None:
     c = sync_client(s, decode_responses=True)
     assert type(c.connection_pool) is redis.ConnectionPool
     assert c.connection_pool.connection_kwargs["db"] == 4
-    assert celery_broker(s) == ("redis://127.0.0.1:1/4", {})
+    kw = c.connection_pool.connection_kwargs
+    assert (kw["socket_timeout"], kw["socket_connect_timeout"], kw["socket_keepalive"]) == (
+        s.redis_socket_timeout_s, s.redis_connect_timeout_s, True)
+    assert celery_broker(s) == ("redis://127.0.0.1:1/4", {
+        "socket_timeout": s.redis_socket_timeout_s,
+        "socket_connect_timeout": s.redis_connect_timeout_s, "socket_keepalive": True})
+    own = sync_client(s, url="redis://127.0.0.1:1/0?socket_timeout=9", socket_keepalive=False)
+    assert own.connection_pool.connection_kwargs["socket_timeout"] == 9  # the URL's
+    assert own.connection_pool.connection_kwargs["socket_keepalive"] is False  # the caller's
     assert sync_client(s, url="redis://127.0.0.1:2/0").connection_pool.connection_kwargs[
         "port"] == 2
 
@@ -122,6 +130,7 @@ def test_with_sentinels_clients_ask_them(monkeypatch: pytest.MonkeyPatch) -> Non
     a = async_client(s)
     assert isinstance(a.connection_pool, asentinel.SentinelConnectionPool)
     assert a.connection_pool.connection_kwargs["password"] == "pw"
+    assert a.connection_pool.connection_kwargs["socket_timeout"] == s.redis_socket_timeout_s
 
 
 def test_celery_broker_through_sentinel(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,6 +141,7 @@ def test_celery_broker_through_sentinel(monkeypatch: pytest.MonkeyPatch) -> None
     assert url == "sentinel://:p%40ss@s1:26379/2;sentinel://:p%40ss@s2:26380/2"
     assert options["master_name"] == "mymaster"
     assert options["sentinel_kwargs"]["password"] == "sp"
+    assert options["socket_timeout"] == s.redis_socket_timeout_s
     app = create_celery(s)
     assert app.conf.broker_transport_options["master_name"] == "mymaster"
     assert app.conf.broker_transport_options["queue_order_strategy"] == "priority"
