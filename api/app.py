@@ -8,6 +8,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 from fastapi import FastAPI
 from redis.asyncio.retry import Retry
@@ -15,7 +16,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from tokenq.api import errors
+from tokenq.api import durable, errors
 from tokenq.api.access_log import AccessLog
 from tokenq.api.auth import KeyAuth, load_keys
 from tokenq.api.deps import AppState
@@ -77,6 +78,8 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
             jobs=AsyncJobStore(r, settings), limits=RateLimits(r), api_keys=api_key_map,
         )
         state.redis_raw = async_client(settings, decode_responses=False, max_connections=32)
+        if settings.api.durable_replicas:  # endings reach clients only once replicated
+            hub.before_terminal = partial(durable.settle_terminal, state)
         driver = BatchDriver(state)
         state.background["batch_wake"] = driver.wake
         driver_task = asyncio.create_task(driver.run(), name="tokenq-batch-driver")

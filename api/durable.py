@@ -16,6 +16,14 @@ later or be lost with the primary:
   second time (and a replica outage does not turn every retried POST into a job that runs
   unseen). A cancel that cannot be written leaves it queued: at-least-once, never lost
   silently after a 202.
+
+The end of a job is held the same way (`settle_terminal`): before a client reads a
+terminal event or a terminal record through this API, the replicas are given up to
+``TOKENQ_API__DURABLE_TIMEOUT_MS`` to have it. Without that, a `done` read from the primary
+an instant before it died could be taken back: the promoted replica never had the ending,
+the job runs again from its stream's tokens, and a sampled job ends with other text than
+the client was shown. Short: the event is passed on anyway (logged), as holding a stream
+for good would be worse.
 """
 
 from __future__ import annotations
@@ -82,6 +90,21 @@ async def check_replay(state: AppState, job_id: str) -> None:
         raise NotReplicated(f"{acked} of {need} Redis replicas acknowledged within "
                             f"{timeout_ms} ms, so a Redis failover could lose job {job_id}; "
                             "retry with the same Idempotency-Key, or GET /v1/jobs/" + job_id)
+
+
+async def settle_terminal(state: AppState, what: str) -> None:
+    """A terminal event or record is about to reach a client: with durable_replicas set,
+    wait (bounded) until that many replicas have every write made so far, the ending
+    included (see the module docstring)."""
+    try:
+        short = await _short_of_replicas(state)
+    except RedisError as exc:
+        log.warning("%s: could not check replication (%s); passed on", what, exc)
+        return
+    if short is not None:
+        acked, need, timeout_ms = short
+        log.warning("%s: on %d of %d replicas after %d ms; passed on", what, acked, need,
+                    timeout_ms)
 
 
 async def _short_of_replicas(state: AppState) -> tuple[int, int, int] | None:

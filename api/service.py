@@ -39,6 +39,7 @@ from tokenq.shared.celery_app import task_message
 from tokenq.shared.jobs import dumps
 from tokenq.shared.schema_budget import GrammarBudget, SchemaOverBudget, nesting
 from tokenq.shared.schemas import (
+    TERMINAL_STATES,
     JobAccepted,
     JobRecord,
     JobRequest,
@@ -362,6 +363,8 @@ async def get(state: AppState, tenant: str, job_id: str) -> JobRecord:
     # Another tenant's job is indistinguishable from a missing one.
     if not h or h.get("owner") != tenant:
         raise NotFound(f"no job {job_id!r}", param="job_id")
+    if h.get("state") in TERMINAL_STATES and state.settings.api.durable_replicas:
+        await durable.settle_terminal(state, f"job {job_id}")
     return JobRecord.from_hash(h)
 
 
