@@ -306,8 +306,6 @@ class StreamHub:
             if not subs:
                 continue
             for entry in entries:
-                if key == "s3" and entry[1].get("e") == "done":
-                    continue  # DEFECT (temporary): a lost entry
                 for sub in subs:
                     sub.queue.put_nowait(entry)
             if parse_id(entries[-1][0]) > parse_id(self._cursor.get(key, "0-0")):
