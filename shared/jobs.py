@@ -339,4 +339,4 @@ def preempt(job_id: str, *, worker: str, attempt: int, queue: str, message: str,
             maxlen: int) -> Call[bool]:
     return Call("preempt", [keys.job(job_id), keys.job_lease(job_id), queue,
                             keys.job_events(job_id), keys.RUNNING, keys.QUEUED],
-                [lease_value(worker, attempt), message, repr(now), maxlen], _flag)
+                [lease_value(worker, attempt), message, repr(now), maxlen, attempt], _flag)

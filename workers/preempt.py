@@ -59,6 +59,8 @@ from tokenq.workers.publisher import JobHandle, Publisher
 
 log = logging.getLogger(__name__)
 
+PREEMPT_WRITE_S = 120.0  # how long a stopped victim's preempt write is retried (a failover)
+
 # Lanes, highest first (shared/keys.PRIORITIES); a job may preempt those after its own.
 RANK = {p: i for i, p in enumerate(keys.PRIORITIES)}
 LANES = keys.PRIORITIES[:-1]  # the lanes whose jobs may preempt: none ranks below the last
@@ -206,6 +208,24 @@ class Preemptor:
                    if h.job_id in chosen]
         return self.preempt(victims)
 
+    def _write(self, handle: JobHandle, queue: str) -> bool:
+        """preempt.lua for a stopped victim, tried again while Redis is away (a failover):
+        the attempt is already stopped, and one not recorded as preempted would be taken
+        over as a lost attempt, counted against max_attempts. The script still finds the
+        job ours once Redis is back, lease expired or not, unless a newer attempt took it."""
+        delay, deadline = 0.1, time.monotonic() + PREEMPT_WRITE_S
+        message = task_message(self.celery, handle.job_id, queue)
+        while True:
+            try:
+                return self.store.preempt(handle.job_id, self.worker_id, handle.attempt, queue,
+                                          message)
+            except redis.RedisError as exc:
+                if time.monotonic() + delay > deadline or self._stop.is_set():
+                    raise
+                log.warning("job %s: preemption not written (%s); retrying", handle.job_id, exc)
+                self._stop.wait(delay)
+                delay = min(2.0, delay * 2)
+
     def preempt(self, victims: Sequence[tuple[JobHandle, str]]) -> list[str]:
         """Stop the engine on each victim (what it generated after its last written step is
         dropped: the next attempt generates it again), then put it back on its queue."""
@@ -222,8 +242,7 @@ class Preemptor:
             if self.engine.healthy():
                 handle.done.wait(LET_GO_S)  # its steps before the cancel are written
             queue = keys.queue(self.model, priority)
-            ok = self.store.preempt(handle.job_id, self.worker_id, handle.attempt, queue,
-                                    task_message(self.celery, handle.job_id, queue))
+            ok = self._write(handle, queue)
             log.info("job %s: preempted for a waiting higher-priority job (%s)",
                      handle.job_id, "requeued" if ok else "no longer ours")
             if ok:

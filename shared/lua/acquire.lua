@@ -4,8 +4,9 @@
 -- 'missing'; 'terminal' or 'busy' (a redelivered copy: counted in `duplicates` so the
 -- duplicate is visible, and dropped); 'expired' (past its deadline), 'poison' (a worker
 -- died compiling its grammar) or 'exhausted' (max_attempts reached), which end the job
--- here. Attempts ended by a preemption (preempt.lua: `preemptions`) still bump the
--- attempt number (the fence) but do not count against max_attempts.
+-- here. Attempts ended by a preemption (preempt.lua: `preemptions`), or lost while their
+-- worker lived (renew_job.lua: `survivals`), still bump the attempt number (the fence) but
+-- do not count against max_attempts.
 --#include terminal
 local job_key, events_key, lease_key, running_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local worker, lease_ms, max_attempts = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -43,7 +44,10 @@ if probe then
   return {'poison'}
 end
 local attempts = tonumber(redis.call('HGET', job_key, 'attempts') or '0')
+-- Preempted attempts, and attempts whose worker was alive to learn it lost them (renew_job:
+-- `survivals`), are not losses of the job's making.
 local lost = attempts - tonumber(redis.call('HGET', job_key, 'preemptions') or '0')
+             - tonumber(redis.call('HGET', job_key, 'survivals') or '0')
 if lost >= max_attempts then
   fail('failed', 'max_attempts',
        'the job was attempted ' .. lost .. ' times and its worker died each time')

@@ -5,6 +5,8 @@ max_attempts. The victim choice (workers/preempt.pick_victims) is checked here t
 from __future__ import annotations
 
 import json
+import threading
+from types import SimpleNamespace
 
 import redis
 
@@ -17,11 +19,14 @@ from tests.integration.test_job_state import (
     create,
     events,
     finish,
+    renew_job,
     store,
 )
 from tokenq.shared import keys
+from tokenq.shared.celery_app import create_celery
 from tokenq.shared.jobs import Appended, Skipped, SkipReason
-from tokenq.workers.preempt import Running, pick_victims
+from tokenq.shared.settings import Settings
+from tokenq.workers.preempt import Preemptor, Running, pick_victims
 
 
 def preempt(r: redis.Redis, worker: str, attempt: int) -> bool:
@@ -107,3 +112,54 @@ def test_a_job_preempted_preempt_max_times_keeps_its_slot() -> None:
     running = [run("l1", "low", 2), run("l2", "low", 1)]
     assert pick_victims(running, {"high": 2}, 2) == ["l2"]
     assert pick_victims(running, {"high": 2}, 0) == []  # off
+
+
+def test_a_preemption_written_after_the_lease_expired_still_counts(r: redis.Redis) -> None:
+    """A failover: the victim is stopped, Redis is away long enough for its lease to expire,
+    and the preemption is written when Redis is back. No newer attempt took the job, so it is
+    still the worker's to hand back, and it does not count against max_attempts."""
+    create(r)
+    assert attempt_of(acquire(r, "w1", max_attempts=1)) == 1
+    r.delete(keys.job_lease(JOB))  # expired while Redis was away
+    assert preempt(r, "w1", 1) is True
+    assert r.hget(keys.job(JOB), "preemptions") == "1"
+    assert attempt_of(acquire(r, "w2", max_attempts=1)) == 2
+    r.delete(keys.job_lease(JOB))
+    assert preempt(r, "w1", 1) is False  # attempt 2 took it: no longer attempt 1's
+
+
+def test_attempts_lost_while_their_worker_lived_do_not_use_up_max_attempts(
+        r: redis.Redis) -> None:
+    """Each time, the lease expires while the worker cannot reach Redis (a failover), a
+    takeover runs the job again, and the first worker, back, learns its attempt is gone
+    (renew_job). Those are not attempts whose worker died: the job is not failed."""
+    create(r)
+    for n in (1, 2, 3, 4):  # max_attempts is 2
+        assert attempt_of(acquire(r, f"w{n}", max_attempts=2)) == n
+        if n > 1:
+            assert renew_job(r, f"w{n - 1}", n - 1) is False  # superseded, alive
+            assert renew_job(r, f"w{n - 1}", n - 1) is False  # noted once
+        r.delete(keys.job_lease(JOB))
+    assert r.hget(keys.job(JOB), "survivals") == "3"
+    assert attempt_of(acquire(r, "w5", max_attempts=2)) == 5  # w4 never came back: 1 lost
+    r.delete(keys.job_lease(JOB))  # nor w5: two lost, the bound
+    assert acquire(r, "w6", max_attempts=2) == Skipped(SkipReason.EXHAUSTED)
+
+
+def test_a_preemption_is_written_once_redis_is_back() -> None:
+    """Redis away when the victim is stopped (a failover): the write is tried again, not
+    dropped (a dropped one would leave the attempt to be taken over as a lost one)."""
+    calls: list[int] = []
+
+    def write(*_: object) -> bool:
+        calls.append(1)
+        if len(calls) < 3:
+            raise redis.ConnectionError("no master")
+        return True
+
+    me = SimpleNamespace(store=SimpleNamespace(preempt=write), worker_id="w1",
+                         celery=create_celery(Settings(redis_url="redis://127.0.0.1:1/0")),
+                         _stop=threading.Event())
+    handle = SimpleNamespace(job_id=JOB, attempt=1)
+    assert Preemptor._write(me, handle, "q") is True  # type: ignore[arg-type]
+    assert len(calls) == 3

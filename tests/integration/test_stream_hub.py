@@ -12,6 +12,10 @@ import redis.asyncio as aioredis
 from tokenq.api.streams import StreamHub
 from tokenq.shared.redis_server import EmbeddedRedis
 
+# A subscriber that misses an entry (or its stream's end) waits for it forever: every wait
+# here has a deadline, so such a loss fails in seconds instead of hanging the run.
+WAIT_S = 30.0
+
 
 async def collect(hub: StreamHub, key: str, after: str | None) -> list[str]:
     return [f["n"] async for _, f in hub.subscribe(key, after)]
@@ -49,13 +53,13 @@ async def _scenario(port: int, gap_ms: int, notify: bool) -> None:
         writers = [asyncio.create_task(writer(k)) for k in keys]
         await asyncio.sleep(0.02)
         mid = [asyncio.create_task(collect(hub, k, None)) for k in keys]  # join mid-stream
-        await asyncio.gather(*writers)
+        await asyncio.wait_for(asyncio.gather(*writers), WAIT_S)
         late = [asyncio.create_task(collect(hub, k, None)) for k in keys]  # after done
-        for result in await asyncio.gather(*early, *mid, *late):
+        for result in await asyncio.wait_for(asyncio.gather(*early, *mid, *late), WAIT_S):
             assert result == expected
         # resume from the middle of a finished stream
         entries = await r.xrange("s0")
-        resumed = await collect(hub, "s0", entries[10][0])
+        resumed = await asyncio.wait_for(collect(hub, "s0", entries[10][0]), WAIT_S)
         assert resumed == expected[11:]
         assert hub.watched == 0
     finally:
@@ -96,7 +100,7 @@ async def _gap_scenario(port: int, notify: bool) -> None:
             await asyncio.sleep(0.005)
         await r.xadd("g", {"e": "done", "n": str(n)})
         await r.publish("g", "")
-        assert await asyncio.wait_for(reader, 10) == [str(i) for i in range(n + 1)]
+        assert await asyncio.wait_for(reader, WAIT_S) == [str(i) for i in range(n + 1)]
         took = time.monotonic() - t0
         assert calls <= took / 0.05 + 3, (calls, took)  # without the gap: about one per write
     finally:

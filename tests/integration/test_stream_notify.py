@@ -107,6 +107,32 @@ def record_reads(r: aioredis.Redis, named: list[list[str]]) -> None:
     r.xread = spy  # type: ignore[method-assign,assignment]
 
 
+def confirmations(hub: StreamHub, named: list[list[str]]) -> dict[str, int]:
+    """From now on, each channel whose subscription the hub hears confirmed, with the
+    number of reads made by then."""
+    notifier = hub._notifier
+    assert notifier is not None
+    seen: dict[str, int] = {}
+    on_hint = notifier._on_hint
+
+    def spy(key: str, message: str) -> None:
+        if not message:  # a confirmation (before any write: no plain hint yet)
+            seen.setdefault(key, len(named))
+        on_hint(key, message)
+
+    notifier._on_hint = spy  # type: ignore[method-assign]
+    return seen
+
+
+async def settled(seen: dict[str, int], named: list[list[str]], streams: list[str]) -> None:
+    """Until every stream's subscription is confirmed and a read after that has named it
+    (the confirmation's read): from then on, only writes make reads."""
+    deadline = time.monotonic() + 10
+    while not all(k in seen and any(k in n for n in named[seen[k]:]) for k in streams):
+        assert time.monotonic() < deadline, f"{len(seen)} of {len(streams)} confirmed"
+        await asyncio.sleep(0.01)
+
+
 async def collect(hub: StreamHub, key: str) -> list[str]:
     return [f["n"] async for _, f in hub.subscribe(key, None)]
 
@@ -120,10 +146,12 @@ def test_hints_carry_the_streams_and_idle_streams_cost_no_reads(
 
     async def scenario(r: aioredis.Redis, hub: StreamHub) -> None:
         record_reads(r, named)
+        seen = confirmations(hub, named)
         idle = [asyncio.create_task(collect(hub, f"idle{i}")) for i in range(50)]
         active = asyncio.create_task(collect(hub, "active"))
-        await asyncio.sleep(0.5)  # subscriptions confirmed (each a hint: one read each)
-        settled = len(named)
+        # subscriptions confirmed (each a hint: a read naming its stream)
+        await settled(seen, named, [f"idle{i}" for i in range(50)] + ["active"])
+        settled_at = len(named)
         n = 100
         for i in range(n):
             await write(r, "active", {"e": "token", "n": str(i)})
@@ -131,7 +159,7 @@ def test_hints_carry_the_streams_and_idle_streams_cost_no_reads(
                 await asyncio.sleep(0.01)
         await write(r, "active", {"e": "done", "n": str(n)})
         assert await asyncio.wait_for(active, 10) == [str(i) for i in range(n + 1)]
-        assert named[settled:] and all(keys_ == ["active"] for keys_ in named[settled:])
+        assert named[settled_at:] and all(keys_ == ["active"] for keys_ in named[settled_at:])
         for i in range(len(idle)):
             await write(r, f"idle{i}", {"e": "done", "n": "0"})
         assert await asyncio.wait_for(asyncio.gather(*idle), 10) == [["0"]] * 50
@@ -155,9 +183,10 @@ def test_token_writes_carry_their_entries(redis_server: EmbeddedRedis) -> None:
 
     async def scenario(r: aioredis.Redis, hub: StreamHub) -> None:
         record_reads(r, named)
+        seen = confirmations(hub, named)
         got = running_job(store, job)
         reader = asyncio.create_task(_entries(hub, events))
-        await asyncio.sleep(0.3)  # subscribed; queued and started read
+        await settled(seen, named, [events])  # subscribed; queued and started read
         reads_before = len(named)
         for step in range(10):
             if step == 5:
