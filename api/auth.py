@@ -3,8 +3,8 @@
 Keys come from `TOKENQ_API_KEYS` (`key:tenant[:admin],…`, for dev and tests) and/or a
 keys file (`TOKENQ_API__KEYS_FILE`) holding only SHA-256 hashes, one key a line:
 
-    # sha256 of the key          tenant   [roles: admin | high | metrics]
-    sha256:9f86d081884c7d65...   acme
+    # sha256 of the key          tenant   [roles: admin | high | metrics] [weight=N]
+    sha256:9f86d081884c7d65...   acme     weight=2
     sha256:60303ae22b998861...   ops      admin
     sha256:2c26b46b68ffc68f...   rush     high
     sha256:fcde2b2edba56bf4...   prom     metrics
@@ -53,15 +53,50 @@ class Principal:
     high: bool = False  # may use `priority: high`
     metrics: bool = False  # may read /metrics/targets (workers' addresses)
 
+    weight: float = 1.0  # fair share between tenants (docs/scheduling.md): `weight=N`
+
     @classmethod
     def of(cls, tenant: str, roles: list[str], where: str) -> Principal:
+        weights = [r for r in roles if r.startswith("weight=")]
+        roles = [r for r in roles if not r.startswith("weight=")]
         unknown = set(roles) - ROLES
         if unknown:
             raise ValueError(f"{where}: unknown role {sorted(unknown)[0]!r}; roles are "
-                             f"{', '.join(sorted(ROLES))}")
+                             f"{', '.join(sorted(ROLES))} (and weight=N)")
         admin = "admin" in roles
         return cls(tenant, admin=admin, high=admin or "high" in roles,
-                   metrics=admin or "metrics" in roles)
+                   metrics=admin or "metrics" in roles,
+                   weight=parse_weight(weights, where))
+
+
+MAX_WEIGHT = 1000.0
+
+
+def parse_weight(items: list[str], where: str) -> float:
+    """`weight=N` (at most one): a number in (0, MAX_WEIGHT]; none: 1."""
+    if len(items) > 1:
+        raise ValueError(f"{where}: weight given {len(items)} times")
+    if not items:
+        return 1.0
+    text = items[0].removeprefix("weight=")
+    try:
+        weight = float(text)
+    except ValueError:
+        weight = float("nan")
+    if not 0 < weight <= MAX_WEIGHT:  # nan fails too
+        raise ValueError(f"{where}: weight={text!r}: a tenant's fair-share weight is a "
+                         f"number above 0 and at most {MAX_WEIGHT:g}")
+    return weight
+
+
+def check_weights(keys: dict[str, Principal]) -> None:
+    """A tenant's key entries must agree on its weight (a weight belongs to the tenant)."""
+    seen: dict[str, float] = {}
+    for p in keys.values():
+        if seen.setdefault(p.tenant, p.weight) != p.weight:
+            raise ValueError(f"tenant {p.tenant!r}: its API key entries give different "
+                             f"weights ({seen[p.tenant]:g} and {p.weight:g}); give one "
+                             f"weight=N on each of its keys, or on none")
 
 
 # Only when no keys are configured.
@@ -73,7 +108,8 @@ def hash_key(key: str) -> str:
 
 
 def parse_keys(raw: str | None) -> dict[str, Principal]:
-    """`key:tenant[:role[+role]],…` -> {sha256(key): Principal}."""
+    """`key:tenant[:role[+role]],…` -> {sha256(key): Principal} (a role may be
+    `weight=N`)."""
     out: dict[str, Principal] = {}
     for item in (raw or "").split(","):
         key, _, rest = item.strip().partition(":")
@@ -104,6 +140,7 @@ def load_keys(raw: str | None, path: Path | None) -> dict[str, Principal]:
     keys = parse_keys(raw)
     if path is not None:
         keys.update(load_keys_file(path))
+    check_weights(keys)
     return keys
 
 

@@ -35,7 +35,7 @@ from tokenq.api.openai.tools import plan as tool_plan
 from tokenq.api.openai.tools import render as render_tools
 from tokenq.api.openai.tools import validate as validate_tools
 from tokenq.shared import jobs, keys, logs, schema_budget, tracing, webhook_policy
-from tokenq.shared.celery_app import task_message
+from tokenq.shared.celery_app import ticket_message
 from tokenq.shared.jobs import dumps
 from tokenq.shared.schema_budget import GrammarBudget, SchemaOverBudget, nesting
 from tokenq.shared.schemas import (
@@ -256,12 +256,18 @@ def new_job(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = N
     Celery message (`enqueue`; the batch driver, a chunk of lines at a time)."""
     job_id = job_id or new_job_id()
     now = time.time()
-    fields = {**p.fields, "id": job_id, "created_at": repr(now), **(extra or {})}
+    # fair share (docs/scheduling.md): its tenant's weight, and the charge when it is taken
+    fields = {**p.fields, "id": job_id, "created_at": repr(now), "weight": repr(weight_of(
+        state, tenant)), "est_tokens": str(p.n_prompt + p.max_tokens), **(extra or {})}
     if deadline is not None:
         fields["deadline"] = repr(deadline)
     queue = keys.queue(p.model, p.priority)
-    return jobs.NewJob(job_id, fields, tenant, queue, task_message(state.celery, job_id, queue),
-                       now)
+    return jobs.NewJob(job_id, fields, tenant, queue, ticket_message(state.celery, queue), now)
+
+
+def weight_of(state: AppState, tenant: str) -> float:
+    """The tenant's fair-share weight: its key entries' (api/auth.py checks they agree)."""
+    return next((p.weight for p in state.api_keys.values() if p.tenant == tenant), 1.0)
 
 
 async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = None,

@@ -116,10 +116,22 @@ def create_celery(settings: Settings) -> Celery:
 
 
 def task_message(app: Celery, job_id: str, queue: str) -> str:
-    """The JSON kombu's Redis transport stores in the queue list for generate(job_id)."""
+    """The JSON kombu's Redis transport stores in the queue list for generate(job_id): a
+    message that names its job (a takeover, a preempted job, a hand-back)."""
+    return _message(app, (job_id,), queue)
+
+
+def ticket_message(app: Celery, queue: str) -> str:
+    """A ticket: generate("", queue), "one job of this lane is ready" (the worker's pick
+    chooses which: docs/scheduling.md). One per job created, so the list length is still
+    the backlog."""
+    return _message(app, ("", queue), queue)
+
+
+def _message(app: Celery, args: tuple[str, ...], queue: str) -> str:
     task_id = str(uuid.uuid4())
     msg: Any = app.amqp.as_task_v2(
-        task_id, GENERATE_TASK, args=(job_id,), kwargs={}, argsrepr=repr((job_id,)),
+        task_id, GENERATE_TASK, args=args, kwargs={}, argsrepr=repr(args),
         kwargsrepr="{}", origin="tokenq-api",
     )
     body = base64.b64encode(dumps(list(msg.body)).encode()).decode()

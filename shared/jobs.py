@@ -1,8 +1,11 @@
 """The job state machine, lease and fencing: each transition one Lua script, atomic in Redis.
 
-    create   (api)     record + Celery message + `queued` event, or refuse if a queue is full
+    create   (api)     record + a ticket on its lane + its id in its tenant's list + `queued`
+                       event, or refuse if a queue is full
+    pick     (worker)  a ticket's take: the next job of the lane's fairest tenant, acquired
     acquire  (worker)  queued|running-without-lease -> running, attempts += 1, lease set,
                        `started` event; or drop (terminal, live lease), expire or exhaust
+                       (a message that names its job: takeover, preempted, handed back)
     append   (worker)  token events, only while `attempts` still equals the writer's attempt;
                        answers where the stream really ends (a failover may have lost tokens)
     finish   (worker)  running -> succeeded|failed|cancelled with its terminal event, once
@@ -58,6 +61,18 @@ class Call(Generic[T]):
     keys: list[str]
     args: list[Arg]
     decode: Callable[[Any], T]
+
+
+@dataclass(frozen=True, slots=True)
+class FairShare:
+    """How lanes order their tenants (shared/lua/fair.lua): by weighted service with this
+    half-life, or FIFO (arrival order)."""
+
+    half_s: float = 30.0
+    fifo: bool = False
+
+    def args(self) -> list[Arg]:
+        return [repr(self.half_s), "1" if self.fifo else "0"]
 
 
 # -- results ---------------------------------------------------------------------------
@@ -161,6 +176,25 @@ class Skipped:
 AcquireResult = Acquired | Skipped
 
 
+@dataclass(frozen=True, slots=True)
+class Picked:
+    """A ticket's take: the job it chose, and what leasing it answered."""
+
+    job_id: str
+    result: AcquireResult
+
+
+@dataclass(frozen=True, slots=True)
+class NoJob:
+    """A ticket that found no job: 'empty' (none waits) or 'stale' (only ids of jobs no
+    longer queued, skipped)."""
+
+    reason: str
+
+
+PickResult = Picked | NoJob
+
+
 class Appended(enum.IntEnum):
     FENCED = 0  # a newer attempt owns the job, or it ended
     WRITTEN = 1
@@ -243,6 +277,12 @@ def _acquired(got: list[Any]) -> AcquireResult:
     return Acquired(int(got[1]), JobSpec.model_validate_json(got[2]), got[3] == "1")
 
 
+def _picked(got: list[Any]) -> PickResult:
+    if got[0] in ("empty", "stale"):
+        return NoJob(got[0])
+    return Picked(got[1], _acquired([got[0], *got[2:]]))
+
+
 def _cancelled(got: str | None) -> Cancelled:
     if not got:
         return Cancelled.MISSING
@@ -270,18 +310,30 @@ def _finished(got: list[Any]) -> FinishResult:
 # -- calls -----------------------------------------------------------------------------
 def create(job_id: str, fields: dict[str, str], *, tenant: str, queue: str, message: str,
            queue_limit: int, tenant_limit: int, maxlen: int, now: float,
-           idem: IdemKey | None = None) -> Call[CreateResult]:
+           idem: IdemKey | None = None, fair: FairShare) -> Call[CreateResult]:
     """Batch lines are counted apart from the tenant's own queued jobs: a large batch must
     not lock its tenant out of interactive requests. With an Idempotency-Key the answer may
-    be the key's earlier job (`Replayed`, `KeyReused`) instead of a new one."""
+    be the key's earlier job (`Replayed`, `KeyReused`) instead of a new one. `message` is
+    the lane's ticket (celery_app.ticket_message)."""
     queued_set = keys.tenant_queued(tenant, batch="batch" in fields)
+    lane = keys.lane(queue)
     script_keys = [keys.job(job_id), keys.job_events(job_id), queue, keys.tenant_jobs(tenant),
-                   queued_set, keys.QUEUED]
-    args: list[Arg] = [dumps(fields), message, queue_limit, maxlen, repr(now), tenant_limit]
+                   queued_set, keys.QUEUED, keys.lane_tenants(lane),
+                   keys.lane_list(lane, tenant), keys.share(tenant)]
+    args: list[Arg] = [dumps(fields), message, queue_limit, maxlen, repr(now), tenant_limit,
+                       "" if idem is None else idem.body_sha,
+                       "" if idem is None else idem.ttl_s, lane, tenant, *fair.args()]
     if idem is not None:
         script_keys.append(idem.redis_key)
-        args += [idem.body_sha, idem.ttl_s]
     return Call("create", script_keys, args, _created)
+
+
+def pick(queue: str, *, worker: str, lease_ms: int, max_attempts: int, now: float,
+         maxlen: int, ttl: int, fair: FairShare) -> Call[PickResult]:
+    lane = keys.lane(queue)
+    return Call("pick", [keys.lane_tenants(lane), keys.RUNNING],
+                [lane, worker, lease_ms, max_attempts, repr(now), maxlen, ttl, *fair.args()],
+                _picked)
 
 
 def reject(job_id: str, fields: dict[str, str], *, tenant: str, error: JobErrorInfo,
@@ -307,11 +359,12 @@ def append(job_id: str, attempt: int, tokens: Sequence[TokenWrite], *,
     return Call("append", [keys.job(job_id), keys.job_events(job_id)], args, _appended)
 
 
-def finish(end: Ending, *, maxlen: int, ttl: int) -> Call[FinishResult]:
+def finish(end: Ending, *, maxlen: int, ttl: int, fair: FairShare,
+           now: float) -> Call[FinishResult]:
     return Call("finish", [keys.job(end.job_id), keys.job_events(end.job_id),
                            keys.job_lease(end.job_id), keys.RUNNING],
                 [end.attempt, end.state, dumps(end.fields), end.event, end.data, maxlen, ttl,
-                 "" if end.tokens is None else end.tokens], _finished)
+                 "" if end.tokens is None else end.tokens, *fair.args(), repr(now)], _finished)
 
 
 def cancel(job_id: str, *, now: float, maxlen: int, ttl: int) -> Call[Cancelled]:
@@ -324,9 +377,13 @@ def renew(job_id: str, *, worker: str, attempt: int, lease_ms: int) -> Call[bool
                 [lease_value(worker, attempt), lease_ms, attempt], _flag)
 
 
-def requeue(job_id: str, *, queue: str, message: str) -> Call[bool]:
+def requeue(job_id: str, *, queue: str, message: str, ticket: str, now: float,
+            fair: FairShare) -> Call[bool]:
+    """`message` names the job (a takeover); `ticket` is its lane's, for a job that waits
+    in its tenant's list."""
     return Call("requeue", [keys.job(job_id), keys.job_lease(job_id), keys.RUNNING, queue,
-                            keys.KOMBU_UNACKED, keys.QUEUED], [message], _flag)
+                            keys.KOMBU_UNACKED, keys.QUEUED],
+                [message, ticket, repr(now), *fair.args()], _flag)
 
 
 def hand_back(job_id: str, *, worker: str, attempt: int, queue: str,

@@ -18,7 +18,12 @@
     unacked                      hash    kombu's delivered-not-acked messages, by delivery tag
     tokenq:api:{uuid}:wake       stream  wakes the API's shared XREAD BLOCK reader
                                  (tokenq.api.stream_notify off)
-    tokenq.{model}.{priority}    list    Celery queue (kombu's Redis transport)
+    tokenq.{model}.{priority}    list    Celery queue (kombu's Redis transport): tickets, and
+                                 messages that name a job (takeover, preempted, handed back)
+    tokenq:lane:{model}:{priority}:tenants  zset  the lane's tenants with jobs waiting -> score
+                                 (fair share, shared/lua/fair.lua)
+    tokenq:lane:{model}:{priority}:t:{t}    list  that tenant's waiting job ids, oldest first
+    tokenq:share:{t}             hash    served (decayed tokens), at, weight (fair share)
 
 LoRA adapters (shared/lora_registry.py):
 
@@ -112,6 +117,31 @@ def queue(model: str, priority: str) -> str:
 def model_queues(model: str) -> list[str]:
     """A worker's queues, highest priority first (consumed in this order)."""
     return [queue(model, p) for p in PRIORITIES]
+
+
+SHARE_PREFIX = f"{PREFIX}:share:"
+
+
+def lane(queue_name: str) -> str:
+    """The fair-share keys' prefix of a Celery queue's lane (`{lane}:tenants`,
+    `{lane}:t:{tenant}`, built in Lua too): tokenq.{model}.{priority} ->
+    tokenq:lane:{model}:{priority}; any other queue name (tests) -> tokenq:lane:{name}."""
+    model, _, priority = queue_name.removeprefix(f"{PREFIX}.").rpartition(".")
+    if queue_name.startswith(f"{PREFIX}.") and model and priority in PRIORITIES:
+        return f"{PREFIX}:lane:{model}:{priority}"
+    return f"{PREFIX}:lane:{queue_name}"
+
+
+def lane_tenants(lane_prefix: str) -> str:
+    return f"{lane_prefix}:tenants"
+
+
+def lane_list(lane_prefix: str, tenant: str) -> str:
+    return f"{lane_prefix}:t:{tenant}"
+
+
+def share(tenant: str) -> str:
+    return SHARE_PREFIX + tenant
 
 
 def file(file_id: str) -> str:

@@ -24,7 +24,7 @@ from redis.exceptions import NoScriptError
 from tokenq.shared import keys
 
 LUA_DIR = Path(__file__).parent / "lua"
-NAMES = ("create", "acquire", "append", "finish", "cancel", "requeue", "handback",
+NAMES = ("create", "acquire", "pick", "append", "finish", "cancel", "requeue", "handback",
          "preempt", "renew_job", "renew", "settle", "release", "take", "claim", "reject")
 _INCLUDE = re.compile(r"^--#include (\w+)$", re.MULTILINE)
 _CONSTANT = re.compile(r"@([A-Z_]+)@")
@@ -33,6 +33,7 @@ CONSTANTS = {
     "BATCHES_PENDING": keys.BATCHES_PENDING,
     "JOB_PREFIX": keys.JOB_PREFIX,
     "QUEUED": keys.QUEUED,
+    "SHARE_PREFIX": keys.SHARE_PREFIX,
     "WEBHOOKS": keys.WEBHOOKS,
     "WEBHOOK_PREFIX": keys.WEBHOOK_PREFIX,
     "WEBHOOK_SEQ": keys.WEBHOOK_SEQ,

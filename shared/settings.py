@@ -262,6 +262,13 @@ class Settings(BaseSettings):
     visibility_timeout_s: float = 300.0
     unacked_restore_s: float = 5.0
 
+    # Fair share between tenants within a lane (docs/scheduling.md): a worker takes the
+    # oldest job of the backlogged tenant with the least weighted service (prompt + output
+    # tokens, decayed with half-life fair_share_window_s / 2). False: arrival order (FIFO).
+    # Read by the API (create) and the workers (take, finish): set it alike everywhere.
+    fair_share: bool = True
+    fair_share_window_s: float = Field(default=60.0, gt=0, le=86_400)
+
     api: ApiSettings = Field(default_factory=ApiSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     autoscale: AutoscaleSettings = Field(default_factory=AutoscaleSettings)

@@ -23,10 +23,12 @@ from tokenq.shared.jobs import (
     CreateResult,
     Ended,
     Ending,
+    FairShare,
     FinishResult,
     IdemKey,
     NewJob,
     NewRejection,
+    PickResult,
     TokenWrite,
 )
 from tokenq.shared.lua_scripts import Scripts, raise_first_error, refused
@@ -36,13 +38,19 @@ from tokenq.shared.settings import Settings
 T = TypeVar("T")
 
 
+def fair_share(s: Settings) -> FairShare:
+    """How the settings order a lane's tenants (the API and the workers must agree)."""
+    return FairShare(half_s=s.fair_share_window_s / 2, fifo=not s.fair_share)
+
+
 def _create(s: Settings, job_id: str, fields: dict[str, str], tenant: str, queue: str,
             message: str, queue_limit: int | None, tenant_limit: int,
             now: float | None, idem: IdemKey | None) -> Call[CreateResult]:
     return jobs.create(job_id, fields, tenant=tenant, queue=queue, message=message,
                        queue_limit=s.api.queue_limit if queue_limit is None else queue_limit,
                        tenant_limit=tenant_limit, maxlen=s.stream_maxlen,
-                       now=time.time() if now is None else now, idem=idem)
+                       now=time.time() if now is None else now, idem=idem,
+                       fair=fair_share(s))
 
 
 def _cancel(s: Settings, job_id: str, ttl: int | None) -> Call[Cancelled]:
@@ -99,9 +107,19 @@ class JobStore:
                                       max_attempts=s.worker.max_attempts, now=time.time(),
                                       maxlen=s.stream_maxlen, ttl=s.result_ttl_s))
 
+    def pick(self, queue: str, worker: str) -> PickResult:
+        """A ticket of `queue` delivered: take the lane's next job (fair share) and lease it."""
+        s = self.s
+        return self._run(jobs.pick(queue, worker=worker,
+                                   lease_ms=int(s.worker.lease_ttl_s * 1000),
+                                   max_attempts=s.worker.max_attempts, now=time.time(),
+                                   maxlen=s.stream_maxlen, ttl=s.result_ttl_s,
+                                   fair=fair_share(s)))
+
     def finish(self, end: Ending) -> bool:
         """True if this ended the job."""
-        got = self._run(jobs.finish(end, maxlen=self.s.stream_maxlen, ttl=self.s.result_ttl_s))
+        got = self._run(jobs.finish(end, maxlen=self.s.stream_maxlen, ttl=self.s.result_ttl_s,
+                                    fair=fair_share(self.s), now=time.time()))
         return got.status is Ended.ENDED
 
     def write_step(self, tokens: Mapping[tuple[str, int], Sequence[TokenWrite]],
@@ -112,7 +130,9 @@ class JobStore:
         s = self.s
         appends = [jobs.append(job_id, attempt, toks, maxlen=s.stream_maxlen)
                    for (job_id, attempt), toks in tokens.items()]
-        finishes = [jobs.finish(e, maxlen=s.stream_maxlen, ttl=s.result_ttl_s) for e in endings]
+        fair, now = fair_share(s), time.time()
+        finishes = [jobs.finish(e, maxlen=s.stream_maxlen, ttl=s.result_ttl_s, fair=fair, now=now)
+                    for e in endings]
         got = self._pipelined([*appends, *finishes])
         return ([c.decode(x) for c, x in zip(appends, got[:len(appends)], strict=True)],
                 [c.decode(x) for c, x in zip(finishes, got[len(appends):], strict=True)])
@@ -131,8 +151,10 @@ class JobStore:
     def clear_grammar(self, job_id: str) -> None:
         self.r.hdel(keys.job(job_id), "grammar_probe")
 
-    def requeue(self, job_id: str, queue: str, message: str) -> bool:
-        return self._run(jobs.requeue(job_id, queue=queue, message=message))
+    def requeue(self, job_id: str, queue: str, message: str, ticket: str = "") -> bool:
+        """Rescue: `message` names the job, `ticket` is its lane's (requeue.lua)."""
+        return self._run(jobs.requeue(job_id, queue=queue, message=message, ticket=ticket,
+                                      now=time.time(), fair=fair_share(self.s)))
 
     def hand_back(self, job_id: str, worker: str, attempt: int, queue: str,
                   message: str) -> bool:

@@ -16,7 +16,7 @@ import redis
 from celery import Celery
 
 from tokenq.shared import keys
-from tokenq.shared.celery_app import task_message
+from tokenq.shared.celery_app import task_message, ticket_message
 from tokenq.shared.schemas import live_workers
 from tokenq.shared.settings import Settings
 from tokenq.shared.store import JobStore
@@ -73,7 +73,8 @@ class Reconciler:
             self.r.zrem(keys.QUEUED, job_key)
             return False
         queue = keys.queue(rec[0], rec[1] or "normal")
-        if not self.store.requeue(job_id, queue, task_message(self.celery, job_id, queue)):
+        if not self.store.requeue(job_id, queue, task_message(self.celery, job_id, queue),
+                                  ticket_message(self.celery, queue)):
             return False
         log.warning("job %s (%s): no worker holds it and no message will deliver it; "
                     "re-enqueued", job_id, rec[2])

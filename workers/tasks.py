@@ -1,4 +1,7 @@
-"""The generate task: acquire the job, submit it to the engine, wait for its end.
+"""The generate task: take the job, submit it to the engine, wait for its end.
+
+A message is a ticket of its lane (the job is chosen here, fair share: store.pick) or
+names its job (a takeover, a preempted job, a hand-back: store.acquire).
 
 Celery runs this on a threads pool with concurrency = engine slots, so one worker
 process keeps that many jobs in flight against its one engine. The task thread does no
@@ -19,7 +22,7 @@ from celery import Task
 from celery.exceptions import Reject
 
 from tokenq.shared import keys, logs, tracing
-from tokenq.shared.jobs import Acquired, Ending, dumps
+from tokenq.shared.jobs import Acquired, AcquireResult, Ending, NoJob, dumps
 from tokenq.shared.schemas import EVENT_CANCELLED, SamplingParams
 from tokenq.workers.engines.base import EngineRequest
 from tokenq.workers.publisher import JobHandle
@@ -31,15 +34,39 @@ POLL_S = 0.25  # how often a task thread looks at its engine and its lease
 FENCED_LET_GO_S = 5.0  # a fenced attempt's engine gets this long to let go of the job
 
 
-def generate(task: Task, job_id: str) -> str:
-    """Celery task `tokenq.generate` (bound): run one job on this process's engine."""
+def generate(task: Task, job_id: str, lane: str = "") -> str:
+    """Celery task `tokenq.generate` (bound): run one job on this process's engine. A
+    ticket (no job id) takes its lane's next job; its lane is the message's routing key."""
     rt = runtime_of(task.app)
     if rt is None:
         raise RuntimeError("worker runtime is not started")
+    if not job_id:
+        info = task.request.delivery_info or {}
+        return run_ticket(rt, lane or str(info.get("routing_key") or ""))
     return run_job(rt, job_id)
 
 
-def run_job(rt: WorkerRuntime, job_id: str) -> str:
+def run_ticket(rt: WorkerRuntime, lane: str) -> str:
+    """A ticket: the lane's next job (fair share, one atomic step), then as run_job. A
+    ticket that finds no job (cancelled, or taken by an earlier ticket) is acked."""
+    _engine_alive(rt)
+    acquire_start = time.time()
+    picked = rt.store.pick(lane, rt.worker_id)
+    if isinstance(picked, NoJob):
+        log.debug("ticket of %s: no job (%s)", lane, picked.reason)
+        return picked.reason
+    return run_job(rt, picked.job_id, (picked.result, acquire_start, time.time()))
+
+
+def _engine_alive(rt: WorkerRuntime) -> None:
+    if rt.engine_dead.is_set() or not rt.engine.healthy():
+        # This worker is on its way out; leave the message for a live one.
+        time.sleep(0.5)
+        raise Reject("the worker's engine is dead", requeue=True)
+
+
+def run_job(rt: WorkerRuntime, job_id: str,
+            taken: tuple[AcquireResult, float, float] | None = None) -> str:
     """acquire -> submit -> wait -> end; the outcome (or why the job was not run). Every
     log line of the job carries its id, tenant, model and worker (JSON logs)."""
     tenant: str | None = None
@@ -49,17 +76,19 @@ def run_job(rt: WorkerRuntime, job_id: str) -> str:
         except redis.RedisError:
             pass
     with logs.bind(job_id=job_id, tenant=tenant, model=rt.model, worker=rt.worker_id):
-        return _run_job(rt, job_id)
+        return _run_job(rt, job_id, taken)
 
 
-def _run_job(rt: WorkerRuntime, job_id: str) -> str:
-    if rt.engine_dead.is_set() or not rt.engine.healthy():
-        # This worker is on its way out; leave the message for a live one.
-        time.sleep(0.5)
-        raise Reject("the worker's engine is dead", requeue=True)
-    acquire_start = time.time()
-    got = rt.store.acquire(job_id, rt.worker_id)
-    acquire_end = time.time()
+def _run_job(rt: WorkerRuntime, job_id: str,
+             taken: tuple[AcquireResult, float, float] | None) -> str:
+    """`taken`: a ticket's pick already leased it (what it answered, when it ran)."""
+    if taken is None:
+        _engine_alive(rt)
+        acquire_start = time.time()
+        got = rt.store.acquire(job_id, rt.worker_id)
+        acquire_end = time.time()
+    else:
+        got, acquire_start, acquire_end = taken
     if not isinstance(got, Acquired):
         log.info("job %s: not run (%s)", job_id, got.reason)
         return str(got.reason)

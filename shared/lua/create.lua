@@ -6,12 +6,16 @@
 -- With an Idempotency-Key (KEYS[7], its record "{id}|{body sha256}"): a key whose job still
 -- exists answers 3 or 4 and creates nothing; otherwise the record is set in the same step
 -- as the job, so a retry can never make a second job.
+-- The message is a ticket (one job of this lane is ready); the job's id joins its tenant's
+-- list in the lane, and the tenant the lane's backlogged (fair.lua: pick.lua takes it).
+--#include fair
 local job_key, events_key, queue_key = KEYS[1], KEYS[2], KEYS[3]
 local tenant_jobs, tenant_queued, queued_index = KEYS[4], KEYS[5], KEYS[6]
-local idem_key = KEYS[7]
+local tenants_key, list_key, share_key, idem_key = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local fields_json, message, queue_limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local maxlen, now, tenant_limit = ARGV[4], ARGV[5], tonumber(ARGV[6])
 local body_sha, idem_ttl = ARGV[7], ARGV[8]
+local lane, tenant, half_s, fifo = ARGV[9], ARGV[10], tonumber(ARGV[11]), ARGV[12]
 
 if idem_key then
   local prev = redis.call('GET', idem_key)
@@ -32,8 +36,15 @@ if tenant_limit > 0 and mine >= tenant_limit then return {-2, mine} end
 local fields = cjson.decode(fields_json)
 for k, v in pairs(fields) do redis.call('HSET', job_key, k, v) end
 -- the record names its tenant's queued set, so scripts that only know the job can leave it
-redis.call('HSET', job_key, 'tenant_queued', tenant_queued, 'msg', message)
+redis.call('HSET', job_key, 'tenant_queued', tenant_queued, 'lane', lane,
+           'lane_tenant', tenant)
 redis.call('LPUSH', queue_key, message)
+redis.call('RPUSH', list_key, fields['id'])
+if fields['weight'] then
+  redis.call('HSET', share_key, 'weight', fields['weight'])
+  redis.call('EXPIRE', share_key, math.ceil(40 * half_s))
+end
+enter(tenants_key, tenant, share_key, tonumber(now), half_s, fifo, now)
 redis.pcall('PUBLISH', queue_key, '')  -- news for the model's preemptors (workers/preempt.py)
 redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'e', 'queued',
            'd', cjson.encode({position = depth}))

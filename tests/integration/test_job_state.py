@@ -258,17 +258,23 @@ def test_job_lease_expired_during_a_stall_is_taken_back_only_while_still_ours(
     assert not r.exists(keys.job_lease(JOB))
 
 
+TICKET = dumps({"properties": {"delivery_tag": "ticket"}})
+
+
 def requeue(r: redis.Redis) -> bool:
-    return store(r).requeue(JOB, "q", MSG2)
+    return store(r).requeue(JOB, "q", MSG2, TICKET)
 
 
 def test_queued_job_whose_message_was_lost_is_rescued_once(r: redis.Redis) -> None:
     create(r)
     assert r.zrange(keys.QUEUED, 0, -1) == [keys.job(JOB)]
-    assert not requeue(r)  # its message is still in the queue
+    assert not requeue(r)  # its ticket is still in the queue
     r.delete("q")  # popped by a worker that died before kombu recorded it as unacked
-    assert requeue(r) and r.lrange("q", 0, -1) == [MSG2]
+    assert requeue(r) and r.lrange("q", 0, -1) == [TICKET]  # a ticket: the lane's job
     assert not requeue(r)
+    r.delete(keys.lane_list(keys.lane("q"), "t"))  # its id lost too: put back, with a ticket
+    assert requeue(r) and r.lrange("q", 0, -1) == [TICKET, TICKET]
+    assert r.lrange(keys.lane_list(keys.lane("q"), "t"), 0, -1) == [JOB]
     acquire(r)
     assert r.zrange(keys.QUEUED, 0, -1) == []
 

@@ -1,0 +1,73 @@
+-- The library of fair share between a lane's tenants (docs/scheduling.md, "Fair share"),
+-- included by the scripts that put jobs in a lane, take them or end them. A tenant's
+-- share hash holds `served` (tokens served, prompt + output, decayed: halved every
+-- `half_s`), `at` (when `served` was last written) and `weight` (its key entry's, written
+-- by every create). A lane's tenants zset scores each backlogged tenant by
+-- log2(served / weight) + at / half_s: decay lowers every tenant's log by the same amount
+-- as time passes, so scores written at different times compare as if all were decayed to
+-- the same moment, and nobody is re-scored for time alone. FIFO (`fair_share = false`):
+-- the score is the tenant's oldest waiting job's creation time (arrival order).
+
+local LOG2 = math.log(2)
+
+local function num(x) return string.format('%.17g', x) end
+
+-- The tenant's service decayed to `now`, and its weight (1 when none was written).
+local function served_now(share_key, now, half_s)
+  local h = redis.call('HMGET', share_key, 'served', 'at', 'weight')
+  local served, at = tonumber(h[1]) or 0, tonumber(h[2]) or now
+  if now > at then served = served * 2 ^ (-(now - at) / half_s) end
+  return served, tonumber(h[3]) or 1
+end
+
+-- The score of `served` (at `now`); service below one token counts as one.
+local function share_score(served, weight, now, half_s)
+  return math.log(math.max(served, 1) / weight) / LOG2 + now / half_s
+end
+
+-- Write the tenant's service (never below 0). Kept 40 half-lives: decayed to nothing.
+local function set_served(share_key, served, now, half_s)
+  redis.call('HSET', share_key, 'served', num(math.max(served, 0)), 'at', num(now))
+  redis.call('EXPIRE', share_key, math.ceil(40 * half_s))
+end
+
+-- Add `tokens` (negative: a correction) to the tenant's service; its new score.
+local function charge(share_key, tokens, now, half_s)
+  local served, weight = served_now(share_key, now, half_s)
+  served = math.max(served + tokens, 0)
+  set_served(share_key, served, now, half_s)
+  return share_score(served, weight, now, half_s)
+end
+
+-- The tenant's list just got work while it was not backlogged: it joins the lane at its
+-- own score, or at the lowest backlogged score when that is higher (its service raised to
+-- that level), so idling banks no credit beyond the window. FIFO: at `created`.
+local function enter(tenants_key, tenant, share_key, now, half_s, fifo, created)
+  if redis.call('ZSCORE', tenants_key, tenant) then return end
+  if fifo == '1' then
+    redis.call('ZADD', tenants_key, created, tenant)
+    return
+  end
+  local served, weight = served_now(share_key, now, half_s)
+  local own = share_score(served, weight, now, half_s)
+  local low = redis.call('ZRANGE', tenants_key, 0, 0, 'WITHSCORES')[2]
+  if low and tonumber(low) > own then
+    own = tonumber(low)
+    set_served(share_key, weight * 2 ^ (own - now / half_s), now, half_s)
+  end
+  redis.call('ZADD', tenants_key, num(own), tenant)
+end
+
+-- After a take from the tenant's list: out of the lane when the list is empty, else at
+-- `score` (fair) or at its new oldest job's creation time (FIFO).
+local function rescore(tenants_key, tenant, list_key, score, fifo)
+  local head = redis.call('LINDEX', list_key, 0)
+  if not head then
+    redis.call('ZREM', tenants_key, tenant)
+  elseif fifo == '1' then
+    local created = redis.call('HGET', '@JOB_PREFIX@' .. head, 'created_at')
+    if created then redis.call('ZADD', tenants_key, created, tenant) end
+  elseif score then
+    redis.call('ZADD', tenants_key, num(score), tenant)
+  end
+end
