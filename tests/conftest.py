@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,30 +65,35 @@ def models_file(state_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def stack_settings(redis_server: EmbeddedRedis, state_dir: Path, models_file: Path) -> Settings:
-    os.environ["TOKENQ_MODELS_FILE"] = str(models_file)
     return Settings(redis_url=redis_server.url, state_dir=state_dir, models_file=models_file,
                     api=ApiSettings(max_body_bytes=200_000))
+
+
+# Short leases so a killed worker's job is taken over within seconds in tests.
+STACK_ENV = {
+    "TOKENQ_WORKER__LEASE_TTL_S": "4", "TOKENQ_WORKER__HEARTBEAT_S": "1",
+    "TOKENQ_WORKER__RECONCILE_S": "1", "TOKENQ_WORKER__DRAIN_GRACE_S": "1",
+    "TOKENQ_WORKER__WEBHOOK_SECRET": WEBHOOK_SECRET,
+    # the tests' receivers listen on loopback, which webhooks refuse unless the operator
+    # allows it
+    "TOKENQ_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
+    "TOKENQ_API__MAX_BATCH_LINES": str(MAX_BATCH_LINES),
+    # Streams reach clients by their announcements alone (the full read that covers a lost
+    # one comes a minute apart): a write that does not announce shows up as a stalled
+    # stream in whichever test made it.
+    "TOKENQ_API__STREAM_FULL_READ_MS": "60000",
+}
 
 
 @pytest.fixture(scope="session")
 def stack(stack_settings: Settings) -> Iterator[Stack]:
     """The API and one worker each for SmolLM2, Gemma and MiniLM, as `tokenq up` starts
-    them."""
-    os.environ["TOKENQ_API__MAX_BODY_BYTES"] = str(stack_settings.api.max_body_bytes)
-    # Short leases so a killed worker's job is taken over within seconds in tests.
-    os.environ.update(TOKENQ_WORKER__LEASE_TTL_S="4", TOKENQ_WORKER__HEARTBEAT_S="1",
-                      TOKENQ_WORKER__RECONCILE_S="1", TOKENQ_WORKER__DRAIN_GRACE_S="1",
-                      TOKENQ_WORKER__WEBHOOK_SECRET=WEBHOOK_SECRET,
-                      # the tests' receivers listen on loopback, which webhooks refuse
-                      # unless the operator allows it
-                      TOKENQ_WEBHOOK_ALLOW_HOSTS="127.0.0.1",
-                      TOKENQ_API__MAX_BATCH_LINES=str(MAX_BATCH_LINES),
-                      # Streams reach clients by their announcements alone (the full read
-                      # that covers a lost one comes a minute apart): a write that does not
-                      # announce shows up as a stalled stream in whichever test made it.
-                      TOKENQ_API__STREAM_FULL_READ_MS="60000")
+    them. Their settings go to the children's environment only: this process's stays as it
+    was, so no later test reads them (Stack passes TOKENQ_MODELS_FILE itself)."""
     st = Stack(stack_settings, port=free_port(), workers=1,
-               models=[SMOL, GEMMA, EMBED, IDLE_MODEL, NO_WORKER_MODEL], quiet=True)
+               models=[SMOL, GEMMA, EMBED, IDLE_MODEL, NO_WORKER_MODEL], quiet=True,
+               env=STACK_ENV | {"TOKENQ_API__MAX_BODY_BYTES":
+                                str(stack_settings.api.max_body_bytes)})
     # Start workers only for the real models; IDLE_MODEL keeps its jobs queued.
     st.start_parts(worker_models=[SMOL, GEMMA, EMBED])
     try:

@@ -8,12 +8,22 @@ from __future__ import annotations
 
 import httpx
 import openai
+import redis
+
+from tokenq.shared import keys
 
 
 def sdk(base_url: str) -> openai.OpenAI:
     """The official client on a stack's URL, without retries (a test sees every error)."""
     return openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0,
                          timeout=120)
+
+
+def job_records(r: redis.Redis) -> int:
+    """Job records in a stack's Redis (`tokenq:job:<id>`, not a job's other keys): a request
+    that enqueued a job left one, even after a worker took its message (a queue's length
+    cannot tell: a live worker drains it within milliseconds)."""
+    return sum(1 for k in r.scan_iter(keys.job("*")) if k.count(":") == 2)
 
 
 def tokenize(http: httpx.Client, model: str, text: str, *, special: bool = False) -> list[int]:
@@ -75,16 +85,25 @@ def check_logit_bias(http: httpx.Client, oai: openai.OpenAI, model: str) -> None
 
 def check_min_p_and_penalties(oai: openai.OpenAI, model: str, *,
                               min_p_is_greedy: bool = True) -> None:
-    """`min_p_is_greedy` False: the model's top logits can tie exactly (a random bf16
-    model), where min_p = 1 keeps every tied token; then only that it is accepted."""
+    """min_p = 1 keeps only the most likely token: every token hot sampling picks has the
+    highest raw log-probability at its position (a tie keeps each tied token). With
+    `min_p_is_greedy` the text is also greedy decoding's; False where the top logits tie
+    exactly (a random bf16 model), so greedy decoding may pick another tied token."""
     prompt = "one two one two one two one two one two"
     greedy = oai.completions.create(model=model, prompt=prompt, max_tokens=12,
                                     temperature=0).choices[0].text
-    # min_p = 1 keeps only the most likely token: hot sampling becomes greedy.
     for seed in (1, 2, 3):
         hot = oai.completions.create(model=model, prompt=prompt, max_tokens=12,
                                      temperature=1.5, seed=seed, extra_body={"min_p": 1.0})
         assert hot.choices[0].text == greedy or not min_p_is_greedy
+        chat = oai.chat.completions.create(  # type: ignore[call-overload]
+            model=model, messages=CHAT, max_tokens=12, temperature=1.5, seed=seed,
+            logprobs=True, top_logprobs=1, extra_body={"min_p": 1.0})
+        picked = chat.choices[0].logprobs.content
+        assert picked
+        off_top = [(e.token, e.logprob, e.top_logprobs[0].logprob) for e in picked
+                   if e.logprob < e.top_logprobs[0].logprob - 1e-5]
+        assert off_top == [], f"min_p=1 sampled tokens below the top one (seed {seed})"
     # Seeded hot sampling repeats itself exactly; a frequency or presence penalty changes
     # the distribution after the first repeated token, so the draw changes.
     def hot(**kw: float) -> str:

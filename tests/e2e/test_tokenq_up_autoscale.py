@@ -32,6 +32,22 @@ def workers(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
     return out
 
 
+def autoscaler_ticks(state_dir: Path, n: int, proc: subprocess.Popen[bytes]) -> int:
+    """Wait until the autoscaler has decided n more times (it touches autoscaler.alive after
+    each tick); the ticks seen."""
+    alive = state_dir / "autoscaler.alive"
+    seen: set[int] = set()
+    deadline = time.monotonic() + 30
+    while len(seen) <= n:  # the first mtime seen may predate this call
+        assert proc.poll() is None and time.monotonic() < deadline, f"{len(seen)} ticks"
+        try:
+            seen.add(alive.stat().st_mtime_ns)
+        except FileNotFoundError:
+            pass
+        time.sleep(0.05)
+    return len(seen)
+
+
 def test_up_autoscale_starts_a_worker_for_a_job_and_drains_it(tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENQ_")}
@@ -53,13 +69,16 @@ def test_up_autoscale_starts_a_worker_for_a_job_and_drains_it(tmp_path: Path) ->
                 pass
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.3)
-        time.sleep(2)
-        assert workers(proc) == []  # min 0, empty queue
+        # min 0, empty queue: after three of the autoscaler's decisions, still no worker
+        ticks = autoscaler_ticks(tmp_path / "state", 3, proc)
+        assert workers(proc) == [], f"a worker with nothing queued ({ticks} ticks)"
         with httpx.Client(base_url=url, timeout=120) as client:
             job = client.post("/v1/jobs", json={"model": "smollm2-135m-instruct",
                                                 "prompt": "Hello", "max_tokens": 8}).json()
-            assert [e.event for e in stream_events(client, job["id"])][-1] == "done"
-        assert len(workers(proc)) == 1
+            # counted while the job runs: once done, the worker may drain at any moment
+            seen = [(e.event, len(workers(proc))) for e in stream_events(client, job["id"])]
+        assert seen[-1][0] == "done"
+        assert {n for event, n in seen if event == "started"} == {1}, seen
         deadline = time.monotonic() + 30
         while workers(proc):  # drained back to min 0
             assert time.monotonic() < deadline, "the worker was not drained"

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from tests.conftest import NO_WORKER_MODEL, SMOL
+from tests.surface_checks import job_records
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
 
@@ -139,12 +140,12 @@ def test_bad_requests_raise_the_right_sdk_error(
         exc: type[Exception]) -> None:
     body: dict[str, object] = {"model": SMOL, "messages": CHAT, "max_tokens": 4}
     body.update(kwargs)
-    before = stack_redis.llen(keys.queue(SMOL, "normal"))
+    before = job_records(stack_redis)
     with pytest.raises(exc) as info:
         oai.chat.completions.create(**body)  # type: ignore[call-overload]
     assert isinstance(info.value, openai.APIStatusError)
     assert info.value.body and "message" in info.value.body  # type: ignore[operator]
-    assert stack_redis.llen(keys.queue(SMOL, "normal")) == before
+    assert job_records(stack_redis) == before
 
 
 def test_disconnect_cancels_the_job(stack: Stack, stack_redis: redis.Redis) -> None:

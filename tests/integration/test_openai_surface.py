@@ -49,9 +49,9 @@ def test_min_p_and_penalties(oai: openai.OpenAI) -> None:
 
 def test_sampling_bad_input_enqueues_nothing(oai: openai.OpenAI,
                                              stack_redis: redis.Redis) -> None:
-    before = stack_redis.llen(keys.queue(SMOL, "normal"))
+    before = checks.job_records(stack_redis)
     checks.check_sampling_bad_input(oai, SMOL)
-    assert stack_redis.llen(keys.queue(SMOL, "normal")) == before
+    assert checks.job_records(stack_redis) == before
 
 
 def test_response_format_on_completions(oai: openai.OpenAI) -> None:
@@ -109,6 +109,6 @@ def test_n_choices(oai: openai.OpenAI) -> None:
 
 def test_logprobs_and_n_bad_input_enqueues_nothing(oai: openai.OpenAI,
                                                    stack_redis: redis.Redis) -> None:
-    before = stack_redis.llen(keys.queue(SMOL, "normal"))
+    before = checks.job_records(stack_redis)
     checks.check_logprobs_n_bad_input(oai, SMOL)
-    assert stack_redis.llen(keys.queue(SMOL, "normal")) == before
+    assert checks.job_records(stack_redis) == before

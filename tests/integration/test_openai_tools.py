@@ -15,9 +15,8 @@ import pytest
 import redis
 
 from tests.conftest import SMOL
-from tests.surface_checks import sdk
+from tests.surface_checks import job_records, sdk
 from tokenq.cli.stack import Stack
-from tokenq.shared import keys
 
 WEATHER_ARGS = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 24}, "unit": {"enum": ["celsius", "fahrenheit"]}},
@@ -186,10 +185,10 @@ def test_bad_tool_requests_are_400_and_enqueue_nothing(
     body: dict[str, Any] = {"model": SMOL, "messages": ASK, "tools": TOOLS, "max_tokens": 4}
     body.update(kw)
     body = {k: v for k, v in body.items() if v is not None}
-    before = stack_redis.llen(keys.queue(SMOL, "normal"))
+    before = job_records(stack_redis)
     with pytest.raises(openai.BadRequestError) as info:
         oai.chat.completions.create(**body)
     assert info.value.status_code == 400, name
     err = info.value.body
     assert isinstance(err, dict) and err["message"] and "type" in err
-    assert stack_redis.llen(keys.queue(SMOL, "normal")) == before
+    assert job_records(stack_redis) == before

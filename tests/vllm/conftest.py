@@ -60,10 +60,11 @@ def vllm_settings(redis_server: EmbeddedRedis, state_dir: Path, tiny_model: Path
 
 @pytest.fixture(scope="session")
 def vllm_stack(vllm_settings: Settings) -> Iterator[Stack]:
-    # Short leases and drain grace, as for the llama.cpp stack.
-    os.environ.update(TOKENQ_WORKER__LEASE_TTL_S="4", TOKENQ_WORKER__HEARTBEAT_S="1",
-                      TOKENQ_WORKER__RECONCILE_S="1", TOKENQ_WORKER__DRAIN_GRACE_S="1")
-    st = Stack(vllm_settings, port=free_port(), workers=1, models=[TINY], quiet=True)
+    # Short leases and drain grace, as for the llama.cpp stack (in the children's
+    # environment only: no later test of this process reads them).
+    st = Stack(vllm_settings, port=free_port(), workers=1, models=[TINY], quiet=True,
+               env={"TOKENQ_WORKER__LEASE_TTL_S": "4", "TOKENQ_WORKER__HEARTBEAT_S": "1",
+                    "TOKENQ_WORKER__RECONCILE_S": "1", "TOKENQ_WORKER__DRAIN_GRACE_S": "1"})
     st.start_parts()
     try:
         st.wait_ready(timeout=300)

@@ -12,9 +12,9 @@ import openai
 import pytest
 import redis
 
+from tests.surface_checks import job_records
 from tests.vllm.test_conformance_embeddings import _wheel_dir
 from tokenq.cli.stack import Stack
-from tokenq.shared import keys
 from tokenq.shared.redis_server import EmbeddedRedis, free_port
 from tokenq.shared.settings import Settings
 
@@ -65,9 +65,9 @@ def test_paraphrase_ranks_above_unrelated(eoai: openai.OpenAI) -> None:
 def test_bad_input_is_400_and_enqueues_nothing(eoai: openai.OpenAI,
                                                vembed_stack: Stack) -> None:
     r = redis.Redis.from_url(vembed_stack.redis_url, decode_responses=True)
-    before = r.llen(keys.queue(VEMBED, "normal"))
+    before = job_records(r)
     for kw in ({"input": "word " * 300}, {"input": "x", "dimensions": 64}):
         with pytest.raises(openai.BadRequestError):
             eoai.embeddings.create(model=VEMBED, **kw)  # type: ignore[arg-type]
-    assert r.llen(keys.queue(VEMBED, "normal")) == before
+    assert job_records(r) == before
     r.close()

@@ -6,7 +6,6 @@ stack runs without LoRA (vLLM's default), as most deployments do."""
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -47,8 +46,8 @@ def lora_stack(redis_server: EmbeddedRedis, state_dir: Path,
         # batch's shape, and this test compares batched text with text alone.
         "dtype": "float32"}}))
     settings = Settings(redis_url=redis_server.url, state_dir=state_dir, models_file=path)
-    os.environ.update(TOKENQ_WORKER__HEARTBEAT_S="1")
-    st = Stack(settings, port=free_port(), workers=1, models=[BASE], quiet=True)
+    st = Stack(settings, port=free_port(), workers=1, models=[BASE], quiet=True,
+               env={"TOKENQ_WORKER__HEARTBEAT_S": "1"})
     st.start_parts()
     try:
         st.wait_ready(timeout=400)

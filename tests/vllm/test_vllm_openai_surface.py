@@ -12,7 +12,6 @@ import redis
 from tests import surface_checks as checks
 from tests.vllm.conftest import MAX_MODEL_LEN, TINY
 from tokenq.cli.stack import Stack
-from tokenq.shared import keys
 
 pytestmark = pytest.mark.vllm
 
@@ -53,9 +52,9 @@ def test_min_p_reaches_vllm() -> None:
 
 def test_sampling_bad_input_enqueues_nothing(voai: openai.OpenAI, vllm_stack: Stack) -> None:
     r = redis.Redis.from_url(vllm_stack.redis_url, decode_responses=True)
-    before = r.llen(keys.queue(TINY, "normal"))
+    before = checks.job_records(r)
     checks.check_sampling_bad_input(voai, TINY)
-    assert r.llen(keys.queue(TINY, "normal")) == before
+    assert checks.job_records(r) == before
     r.close()
 
 

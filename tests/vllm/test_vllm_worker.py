@@ -197,7 +197,12 @@ def test_engine_death_hands_jobs_to_another_attempt(vclient: httpx.Client, vredi
     with frozen(cores):
         ids = [post(vclient, max_tokens=n_tokens) for _ in range(2)]
         assert all_running(vredis, ids)
-        time.sleep(0.2)  # the worker hands both requests to the engine client
+        # the worker has handed both requests to the engine client (its heartbeat counts
+        # them: the client holds them while the frozen engine core has not decoded a token)
+        deadline = time.monotonic() + 15
+        while engine_running(vredis) != [2]:
+            assert time.monotonic() < deadline, f"engine holds {engine_running(vredis)}"
+            time.sleep(0.05)
         for c in cores:
             c.send_signal(signal.SIGKILL)
     assert written() == [0, 0], written()
