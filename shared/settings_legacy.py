@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_settings import PydanticBaseSettingsSource, TomlConfigSettingsSource
 
@@ -117,9 +118,27 @@ class LegacyEnvSource(PydanticBaseSettingsSource):
         return nest(flat, lambda old: f"TOKENQ_{old.upper()}", env_name)
 
 
+def unknown_keys(settings_cls: type[BaseModel], data: dict[str, Any]) -> list[str]:
+    """The TOML file's keys that set nothing: neither a setting (nor an old flat name) at the
+    top, nor a field of its group in a group's table (`worker.lease_ttl_sec`)."""
+    fields = settings_cls.model_fields
+    unknown = sorted(set(data) - set(fields) - set(RENAMED))
+    for group, info in fields.items():
+        model, table = info.annotation, data.get(group)
+        if isinstance(model, type) and issubclass(model, BaseModel) and isinstance(table, dict):
+            unknown += sorted(f"{group}.{k}" for k in set(table) - set(model.model_fields))
+    return unknown
+
+
 class LegacyTomlSource(TomlConfigSettingsSource):
-    """The TOML config file, its old top-level keys moved into their groups' tables."""
+    """The TOML config file, its old top-level keys moved into their groups' tables; a key
+    that sets nothing is refused (whoever reads the settings: the CLI says it in one line,
+    shared/settings_load.py), never silently ignored."""
 
     def __call__(self) -> dict[str, Any]:
-        return nest(super().__call__(), lambda old: f"config key {old!r}",
+        data = super().__call__()
+        unknown = unknown_keys(self.settings_cls, data)
+        if unknown:
+            raise ValueError(f"config file: unknown key {unknown[0]!r}")
+        return nest(data, lambda old: f"config key {old!r}",
                     lambda group, field: f"[{group}] {field}")

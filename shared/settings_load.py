@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from tokenq.shared.settings import GROUPS, Settings, SettingsProblem, config_file
-from tokenq.shared.settings_legacy import RENAMED
+from tokenq.shared.settings_legacy import unknown_keys
 
 
 def check_config_file() -> None:
@@ -23,11 +23,7 @@ def check_config_file() -> None:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingsProblem(f"TOKENQ_CONFIG_FILE={path}: {exc}") from exc
-    unknown = sorted(set(data) - set(Settings.model_fields) - set(RENAMED))
-    for group, model in GROUPS.items():
-        table = data.get(group)
-        if isinstance(table, dict):
-            unknown += sorted(f"{group}.{k}" for k in set(table) - set(model.model_fields))
+    unknown = unknown_keys(Settings, data)
     if unknown:
         raise SettingsProblem(f"TOKENQ_CONFIG_FILE={path}: unknown key {unknown[0]!r} (keys "
                               "are setting names such as redis_url, served_models, or a "

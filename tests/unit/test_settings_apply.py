@@ -82,3 +82,24 @@ def test_no_code_reads_a_settings_variable_around_the_settings() -> None:
                 if var in settings_vars:
                     found.append(f"{path.relative_to(ROOT)}: {var}")
     assert found == []
+
+
+@pytest.mark.parametrize("toml", ['log_formt = "json"\n', '[worker]\nlease_ttl_sec = 5\n'])
+def test_a_toml_key_that_sets_nothing_is_refused_wherever_settings_load(
+        tmp_path: Path, toml: str) -> None:
+    """Not only by the CLI's check: the API's uvicorn factory reads Settings() itself."""
+    from tokenq.shared.settings import Settings
+
+    (tmp_path / "tokenq.toml").write_text(toml)
+    with pytest.raises(ValueError, match="unknown key"):
+        Settings()
+
+
+def test_every_toml_setting_is_read(tmp_path: Path) -> None:
+    """A setting's key in the TOML file sets that setting (old flat names included)."""
+    from tokenq.shared.settings import Settings
+
+    (tmp_path / "tokenq.toml").write_text(
+        'log_format = "json"\ntracing = true\nlease_ttl_s = 9\n[api]\ndrain_s = 4\n')
+    s = Settings()
+    assert (s.log_format, s.tracing, s.worker.lease_ttl_s, s.api.drain_s) == ("json", True, 9, 4)
