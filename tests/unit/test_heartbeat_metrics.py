@@ -28,7 +28,8 @@ def test_stopped_steps_counter_follows_the_engine() -> None:
     adapters.summary.return_value = {}
     hb = Heartbeat(r=MagicMock(), settings=Settings(), worker_id="w1", model="m",
                    engine=engine, adapters=adapters, metrics=metrics,  # type: ignore[arg-type]
-                   leases=MagicMock(), reconciler=MagicMock(), on_engine_died=MagicMock())
+                   leases=MagicMock(), reconciler=MagicMock(), on_engine_died=MagicMock(),
+                   on_redis_gone=MagicMock())
 
     def exported() -> float | None:
         return metrics.registry.get_sample_value("tokenq_engine_steps_stopped_total",
