@@ -4,6 +4,7 @@ comes, one for the job, none again after the down window, nothing left after SIG
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,20 +33,21 @@ def workers(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
     return out
 
 
-def autoscaler_ticks(state_dir: Path, n: int, proc: subprocess.Popen[bytes]) -> int:
-    """Wait until the autoscaler has decided n more times (it touches autoscaler.alive after
-    each tick); the ticks seen."""
-    alive = state_dir / "autoscaler.alive"
-    seen: set[int] = set()
-    deadline = time.monotonic() + 30
-    while len(seen) <= n:  # the first mtime seen may predate this call
-        assert proc.poll() is None and time.monotonic() < deadline, f"{len(seen)} ticks"
-        try:
-            seen.add(alive.stat().st_mtime_ns)
-        except FileNotFoundError:
-            pass
-        time.sleep(0.05)
-    return len(seen)
+DECISION = re.compile(r"autoscale (\S+): depth=.* -> target=(\d+)")
+
+
+def first_decisions(log: Path, proc: subprocess.Popen[bytes]) -> dict[str, int]:
+    """Wait for the autoscaler's first decision for each served model (it logs every
+    decision that differs from the one before, so the first always): model -> target."""
+    deadline = time.monotonic() + 60
+    while True:
+        got: dict[str, int] = {}
+        for model, target in DECISION.findall(log.read_text(errors="replace")):
+            got.setdefault(model, int(target))
+        if len(got) >= 2:  # the chat and the embedding default
+            return got
+        assert proc.poll() is None and time.monotonic() < deadline, got
+        time.sleep(0.1)
 
 
 def test_up_autoscale_starts_a_worker_for_a_job_and_drains_it(tmp_path: Path) -> None:
@@ -55,9 +57,11 @@ def test_up_autoscale_starts_a_worker_for_a_job_and_drains_it(tmp_path: Path) ->
                TOKENQ_AUTOSCALE__DOWN_WINDOW_S="1", TOKENQ_AUTOSCALE__COOLDOWN_S="1",
                TOKENQ_WORKER__HEARTBEAT_S="0.5", TOKENQ_WORKER__DRAIN_GRACE_S="1")
     tokenq = Path(sys.executable).parent / "tokenq"
-    proc = subprocess.Popen([str(tokenq), "up", "--port", str(port), "--autoscale",
-                             "--min", "0", "--max", "1"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "up.log"
+    with log.open("wb") as out:  # the child keeps its own copy of the file
+        proc = subprocess.Popen([str(tokenq), "up", "--port", str(port), "--autoscale",
+                                 "--min", "0", "--max", "1"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=out)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -69,9 +73,9 @@ def test_up_autoscale_starts_a_worker_for_a_job_and_drains_it(tmp_path: Path) ->
                 pass
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.3)
-        # min 0, empty queue: after three of the autoscaler's decisions, still no worker
-        ticks = autoscaler_ticks(tmp_path / "state", 3, proc)
-        assert workers(proc) == [], f"a worker with nothing queued ({ticks} ticks)"
+        # min 0, empty queue: the autoscaler's first decisions start no worker
+        assert set(first_decisions(log, proc).values()) == {0}
+        assert workers(proc) == []
         with httpx.Client(base_url=url, timeout=120) as client:
             job = client.post("/v1/jobs", json={"model": "smollm2-135m-instruct",
                                                 "prompt": "Hello", "max_tokens": 8}).json()
