@@ -179,7 +179,7 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
         raise ContextLengthExceeded(
             f"max_tokens={params.max_tokens} does not fit this model's context of {context}",
             param="max_tokens")
-    messages = [m.model_dump() for m in req.messages] if req.messages is not None else None
+    messages = await state.counter.plain_messages(tenant, req.messages)
     tools = None
     plan = tool_plan(req, cfg, await template_of(state, base, cfg)) if messages else None
     if plan is not None and messages is not None:
@@ -187,7 +187,10 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
         params.json_schema = checked_constraint(plan, schema_budget.budget_of(s)) \
             or params.json_schema
     try:
-        n_prompt = await state.counter.count(base, cfg, req.prompt, messages, tools)
+        n_prompt = await state.counter.count(base, cfg, req.prompt, messages, tools,
+                                             tenant=tenant)
+    except QueueFull:
+        raise  # the CPU pool's 429
     except Exception as exc:
         raise InvalidRequest(f"could not apply the chat template: {exc}",
                              param="messages") from exc
@@ -236,7 +239,7 @@ async def _prepare_embedding(state: AppState, tenant: str, req: JobRequest, base
     assert req.input is not None
     n_prompt = 0
     for i, text in enumerate(req.input):
-        n = await state.counter.count(base, cfg, text, None)
+        n = await state.counter.count(base, cfg, text, None, tenant=tenant)
         if n > context or not text:
             raise ContextLengthExceeded(
                 f"input[{i}] has {n} tokens; this model takes 1 to {context} per input",

@@ -3,7 +3,8 @@
 Loads only the GGUF's vocabulary (no weights, shared/vocab.py), off the event loop: the
 API preloads the served models' vocabularies in the background at start-up (a large
 vocabulary takes a noticeable part of a second, which the first request would otherwise
-wait for). If
+wait for). A long prompt is rendered and tokenized on the CPU pool (api/cpu.py), within
+the tenant's share of it, never on the event loop. If
 llama.cpp or the file is not available on the API host, it falls back to a
 lower-bound estimate and the worker enforces the exact limit.
 """
@@ -16,15 +17,18 @@ import logging
 from pathlib import Path
 from typing import Any, Protocol
 
+from tokenq.api.cpu import CpuPool
 from tokenq.shared.chat import ChatRenderer
+from tokenq.shared.schemas import ChatMessage
 from tokenq.shared.settings import ModelConfig, Settings
 from tokenq.shared.weights import gguf_path
 
 log = logging.getLogger(__name__)
 
-# Texts up to this long are tokenized on the event loop: that is cheaper than the hop to
-# a thread and back. Longer ones go to a thread, so the loop never blocks for long.
+# Prompts up to this long (a few short messages) are rendered and tokenized on the event
+# loop: that is cheaper than the hop to a thread and back. Longer ones go to the CPU pool.
 INLINE_CHARS = 1024
+INLINE_MESSAGES = 8
 
 
 class _Vocab(Protocol):
@@ -41,6 +45,7 @@ class _Vocab(Protocol):
 class PromptCounter:
     def __init__(self, settings: Settings):
         self._settings = settings
+        self.pool = CpuPool.from_settings(settings.api)
         self._vocabs: dict[str, _Vocab | None] = {}
         self._lock = asyncio.Lock()
 
@@ -88,20 +93,60 @@ class PromptCounter:
 
     async def count(self, name: str, cfg: ModelConfig, prompt: str | None,
                     messages: list[dict[str, Any]] | None,
-                    tools: list[dict[str, Any]] | None = None) -> int:
-        """Prompt tokens after the chat template; raises ValueError if it cannot be rendered."""
+                    tools: list[dict[str, Any]] | None = None, *, tenant: str) -> int:
+        """Prompt tokens after the chat template; raises ValueError if it cannot be rendered.
+        A long prompt is counted on the CPU pool within `tenant`'s share (CpuPool.run: a
+        429 when the tenant's queue there is full)."""
         if cfg.backend == "fake":
             from tokenq.shared.chat import count_tokens, prompt_text
 
-            return count_tokens(prompt_text(prompt, messages))
+            if light(prompt, messages, tools):
+                return count_tokens(prompt_text(prompt, messages))
+            return await self.pool.run(tenant, _fake_count, prompt, messages)
         vocab = await self._vocab(name, cfg)
         if vocab is None:
             text = prompt or "".join(str(m.get("content", "")) for m in messages or [])
             return len(text.encode()) // 8  # a lower bound: never rejects a prompt that fits
-        rendered = vocab.render(prompt, messages, tools)
-        if len(rendered) <= INLINE_CHARS:
-            return len(vocab.tokenize(rendered))
-        return len(await asyncio.to_thread(vocab.tokenize, rendered))
+        if light(prompt, messages, tools):
+            return len(vocab.tokenize(vocab.render(prompt, messages, tools)))
+        return await self.pool.run(tenant, _count, vocab, prompt, messages, tools)
+
+    async def plain_messages(self, tenant: str, messages: list[ChatMessage] | None
+                             ) -> list[dict[str, Any]] | None:
+        """The messages as dicts, as templates take them; many are dumped on the CPU pool
+        (30,000 one-letter messages, a 1 MB body, take ~100 ms)."""
+        if messages is None or len(messages) <= INLINE_MESSAGES:
+            return _dump(messages)
+        return await self.pool.run(tenant, _dump, messages)
+
+
+def light(prompt: str | None, messages: list[dict[str, Any]] | None,
+          tools: list[dict[str, Any]] | None) -> bool:
+    """Cheap enough to render and tokenize on the event loop."""
+    if tools:
+        return False
+    if messages is None:
+        return len(prompt or "") <= INLINE_CHARS
+    if len(messages) > INLINE_MESSAGES:
+        return False
+    contents = [m.get("content") for m in messages]
+    return all(isinstance(c, str | None) for c in contents) and sum(
+        len(c or "") for c in contents) <= INLINE_CHARS
+
+
+def _dump(messages: list[ChatMessage] | None) -> list[dict[str, Any]] | None:
+    return None if messages is None else [m.model_dump() for m in messages]
+
+
+def _count(vocab: _Vocab, prompt: str | None, messages: list[dict[str, Any]] | None,
+           tools: list[dict[str, Any]] | None) -> int:
+    return len(vocab.tokenize(vocab.render(prompt, messages, tools)))
+
+
+def _fake_count(prompt: str | None, messages: list[dict[str, Any]] | None) -> int:
+    from tokenq.shared.chat import count_tokens, prompt_text
+
+    return count_tokens(prompt_text(prompt, messages))
 
 
 class HfVocab(ChatRenderer):

@@ -76,6 +76,9 @@ class ApiSettings(BaseModel):
     files_dir: Path | None = None
     file_ttl_s: int = 30 * 24 * 3600
     batch_chunk: int = 256  # lines validated/enqueued per Redis round trip
+    # One line of a batch input file is one request: longer, it is that line's error
+    # (`line_too_long`), read past without being held in memory.
+    max_batch_line_bytes: int = Field(default=1_000_000, ge=1)
     # Uploaded files per tenant: how many, and their bytes in all (0: no limit). Over it,
     # an upload is refused with 403 `quota_exceeded`.
     tenant_max_files: int = Field(default=1000, ge=0)
@@ -110,6 +113,19 @@ class ApiSettings(BaseModel):
     schema_max_enum: int = Field(default=256, ge=0)  # values of one enum
     schema_max_pattern: int = Field(default=512, ge=0)  # characters of one pattern
     schema_max_grammar: int = Field(default=20_000, ge=0)  # estimated grammar size
+
+    # CPU work a request asks of the API (api/cpu.py: /tokenize, /detokenize, rendering and
+    # counting a long prompt, parsing a long batch line) runs on cpu_threads threads, not
+    # on the event loop; one tenant holds at most cpu_tenant_threads of them, and at most
+    # cpu_tenant_queue more of its requests wait for one (beyond: 429 `cpu_busy`).
+    # 0: from the cores this process may use (up to 4 threads, half of them a tenant's).
+    cpu_threads: int = Field(default=0, ge=0, le=256)
+    cpu_tenant_threads: int = Field(default=0, ge=0)
+    cpu_tenant_queue: int = Field(default=8, ge=0)
+    # /tokenize with return_token_strs: at most this many tokens (a string each); more is
+    # a 400 `too_many_token_strs` (the ids alone are still answered without it); 0: no
+    # limit.
+    max_token_strs: int = Field(default=16_384, ge=0)
 
 
 class WorkerSettings(BaseModel):

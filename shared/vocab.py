@@ -34,6 +34,7 @@ def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # 
         log.error("llama.cpp: %s", text.decode(errors="replace").rstrip())
 
 
+_SLICE = 8192  # token ids copied to Python per hold of the GIL
 _backend_lock = threading.Lock()
 _backend_ready = False
 
@@ -97,7 +98,12 @@ class Vocab(ChatRenderer):
         if n < 0:
             buf = (ll.llama_token * (-n))()
             n = ll.llama_tokenize(self.vocab, data, len(data), buf, len(buf), add_special, True)
-        return list(buf[:n])
+        # Copied out a slice at a time: a 1 MB prompt's 200,000 ids in one copy would hold
+        # the GIL for milliseconds on end (the API tokenizes on threads beside its loop).
+        out: list[int] = []
+        for i in range(0, n, _SLICE):
+            out += buf[i:min(i + _SLICE, n)]
+        return out
 
     def piece(self, tok: int) -> bytes:
         """A token's bytes (cached: this runs for every generated token)."""

@@ -18,25 +18,31 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from tokenq.api import service
+from tokenq.api import cpu, service
 from tokenq.api.deps import AppState
 from tokenq.api.errors import TokenqError
-from tokenq.api.openai import files, protocol
+from tokenq.api.openai import files, jsonl, protocol
 from tokenq.api.openai.batch_store import BatchStore
 from tokenq.shared import keys
 from tokenq.shared.jobs import NewJob, NewRejection, QueueFull, TenantFull, dumps
-from tokenq.shared.schemas import JobErrorInfo
+from tokenq.shared.schemas import JobErrorInfo, JobRequest
 
 log = logging.getLogger(__name__)
 
 MAX_REPORTED_ERRORS = 100
 MAX_DRIVER_FAILURES = 3  # tries of a batch whose processing raises, then it is given up
 MAX_PIPELINE = 256  # lines enqueued per round trip at most, whatever batch_chunk says
+
+
+# Lines up to this long are parsed on the event loop (well under a millisecond); longer
+# ones on the CPU pool: json.loads and validating a 1 MB line take tens of milliseconds.
+INLINE_LINE_BYTES = 64 * 1024
 
 
 def line_job_id(batch_id: str, line: int) -> str:
@@ -49,6 +55,52 @@ class LineError(Exception):
         self.code, self.message, self.param = code, message, param
 
 
+def too_long(limit: int) -> LineError:
+    return LineError("line_too_long", f"the line is longer than {limit} bytes, the limit of "
+                     "one line (one request)")
+
+
+def _parse_line(endpoint: str, raw: bytes) -> tuple[str, JobRequest]:
+    """A line's custom_id and its request as a native job (no I/O: runs on a thread for a
+    long line); raises LineError, or ValidationError from the request's model."""
+    try:
+        line = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LineError("invalid_json", f"the line is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise LineError("invalid_json", "the line is nested too deeply") from exc
+    if not isinstance(line, dict):
+        raise LineError("invalid_request", "each line must be a JSON object")
+    custom_id = line.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise LineError("missing_required_parameter", "custom_id must be a non-empty string",
+                        "custom_id")
+    if line.get("method", "POST") != "POST":
+        raise LineError("invalid_request", "method must be POST", "method")
+    if line.get("url") != endpoint:
+        raise LineError("mismatched_url", f"url must be the batch's endpoint "
+                        f"{endpoint}, not {line.get('url')!r}", "url")
+    body = line.get("body")
+    if not isinstance(body, dict):
+        raise LineError("invalid_request", "body must be a JSON object", "body")
+    req = protocol.parse(endpoint, body)
+    if getattr(req, "stream", False):
+        raise LineError("invalid_request", "stream is not allowed in a batch", "body.stream")
+    if (req.n or 1) > 1 or req.log_k() is not None or getattr(req, "tools", None):
+        raise LineError("invalid_request", "n > 1, logprobs and tools are served on "
+                        "the interactive endpoints, not in batch lines", "body")
+    job = req.to_job()
+    job.priority = "low"  # live traffic first while a batch drains
+    return custom_id, job
+
+
+def _custom_id(raw: bytes) -> str:
+    try:
+        return str(json.loads(raw).get("custom_id") or "")
+    except Exception:
+        return ""
+
+
 class BatchDriver:
     def __init__(self, state: AppState):
         self.state = state
@@ -59,6 +111,7 @@ class BatchDriver:
         self._stopping = False
 
     async def run(self) -> None:
+        cpu.PATIENT.set(True)  # lines wait for their tenant's share of the CPU pool, never 429
         while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=1.0)
@@ -131,37 +184,14 @@ class BatchDriver:
             await self.batches.release(batch_id)
 
     async def _check_line(self, h: dict[str, str], raw: bytes) -> tuple[str, service.Prepared]:
+        """A line's custom_id and its prepared job; a long line is parsed on the CPU pool in
+        the batch owner's share (waiting for it: the driver is not refused)."""
         try:
-            line = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise LineError("invalid_json", f"the line is not valid JSON: {exc}") from exc
-        except RecursionError as exc:
-            raise LineError("invalid_json", "the line is nested too deeply") from exc
-        if not isinstance(line, dict):
-            raise LineError("invalid_request", "each line must be a JSON object")
-        custom_id = line.get("custom_id")
-        if not isinstance(custom_id, str) or not custom_id:
-            raise LineError("missing_required_parameter", "custom_id must be a non-empty string",
-                            "custom_id")
-        if line.get("method", "POST") != "POST":
-            raise LineError("invalid_request", "method must be POST", "method")
-        if line.get("url") != h["endpoint"]:
-            raise LineError("mismatched_url", f"url must be the batch's endpoint "
-                            f"{h['endpoint']}, not {line.get('url')!r}", "url")
-        body = line.get("body")
-        if not isinstance(body, dict):
-            raise LineError("invalid_request", "body must be a JSON object", "body")
-        try:
-            req = protocol.parse(h["endpoint"], body)
-            if getattr(req, "stream", False):
-                raise LineError("invalid_request", "stream is not allowed in a batch",
-                                "body.stream")
-            if ((req.n or 1) > 1 or req.log_k() is not None
-                    or getattr(req, "tools", None)):
-                raise LineError("invalid_request", "n > 1, logprobs and tools are served on "
-                                "the interactive endpoints, not in batch lines", "body")
-            job = req.to_job()
-            job.priority = "low"  # live traffic first while a batch drains
+            if len(raw) <= INLINE_LINE_BYTES:
+                custom_id, job = _parse_line(h["endpoint"], raw)
+            else:
+                custom_id, job = await self.state.counter.pool.run(
+                    h["owner"], _parse_line, h["endpoint"], raw)
             return custom_id, await service.prepare(self.state, h["owner"], job)
         except ValidationError as exc:
             e = exc.errors()[0]
@@ -179,14 +209,17 @@ class BatchDriver:
         total = bad = 0
         seen = keys.batch_ids(batch_id)
         await self.r.delete(seen)
-        async for n, raw in files.iter_lines(self.state, h["input_file_id"]):
+        async for line in self._lines(h):
+            n = line.n
             total += 1
             if total > s.api.max_batch_lines:
                 errors.append({"code": "too_many_lines", "line": n, "param": None,
                                "message": f"a batch holds at most {s.api.max_batch_lines} lines"})
                 break
             try:
-                custom_id, _ = await self._check_line(h, raw)
+                if line.too_long:
+                    raise too_long(s.api.max_batch_line_bytes)
+                custom_id, _ = await self._check_line(h, line.data)
                 if not await self.r.sadd(seen, custom_id):
                     raise LineError("duplicate_custom_id",
                                     f"custom_id {custom_id!r} appears more than once",
@@ -232,10 +265,10 @@ class BatchDriver:
         cursor = int(h.get("cursor", 0))
         size = max(1, min(s.api.batch_chunk, MAX_PIPELINE))
         chunk: list[tuple[int, NewJob | NewRejection]] = []
-        async for n, raw in files.iter_lines(self.state, h["input_file_id"]):
-            if n <= cursor:
+        async for line in self._lines(h):
+            if line.n <= cursor:
                 continue
-            chunk.append((n, await self._line(h, n, raw)))
+            chunk.append((line.n, await self._line(h, line)))
             if len(chunk) < size:
                 continue
             cursor, refused = await self._write(batch_id, chunk, cursor)
@@ -272,31 +305,37 @@ class BatchDriver:
             log.info("batch %s: queue full at line %d; continuing later", batch_id, refusal)
         return (done[-1][0] if done else cursor), refusal is not None
 
-    async def _line(self, h: dict[str, str], n: int, raw: bytes) -> NewJob | NewRejection:
-        """Line `n` as the store writes it: its job, or its rejection."""
+    def _lines(self, h: dict[str, str]) -> AsyncIterator[jsonl.Line]:
+        return jsonl.lines(files.iter_bytes(self.state, h["input_file_id"]),
+                           self.state.settings.api.max_batch_line_bytes)
+
+    async def _line(self, h: dict[str, str], line: jsonl.Line) -> NewJob | NewRejection:
+        """A line as the store writes it: its job, or its rejection."""
         # Checked (and tokenised) a second time on purpose: keeping the validation pass's
         # results would hold every line in memory, which is what this driver avoids.
+        n, raw = line.n, line.data
         try:
+            if line.too_long:
+                raise too_long(self.state.settings.api.max_batch_line_bytes)
             custom_id, p = await self._check_line(h, raw)
         except RedisError:
             raise
         except Exception as exc:  # valid at validation, not now: that line fails alone
-            return self.rejection(h, n, raw, exc)
+            cid = _custom_id(raw) if len(raw) <= INLINE_LINE_BYTES else \
+                await self.state.counter.pool.run(h["owner"], _custom_id, raw)
+            return self.rejection(h, n, cid, exc)
         extra = {"endpoint": h["endpoint"], "batch": h["id"], "custom_id": custom_id,
                  "ttl": str(self.state.settings.api.file_ttl_s)}
         return service.new_job(self.state, h["owner"], p, job_id=line_job_id(h["id"], n),
                                deadline=float(h["expires_at"]), extra=extra)
 
-    def rejection(self, h: dict[str, str], n: int, raw: bytes, exc: Exception) -> NewRejection:
+    def rejection(self, h: dict[str, str], n: int, custom_id: str,
+                  exc: Exception) -> NewRejection:
         """Line `n` ends `failed` without running: a line of the batch's error file (OpenAI's
         shape, status 400) and one more in its `failed` count."""
         err = exc if isinstance(exc, LineError) else LineError(
             "invalid_request", f"the line could not be processed ({type(exc).__name__})")
         log.warning("batch %s line %d: rejected at enqueue: %s", h["id"], n, err.message)
-        try:
-            custom_id = str(json.loads(raw).get("custom_id") or "")
-        except Exception:
-            custom_id = ""
         job_id = line_job_id(h["id"], n)
         now = time.time()
         fields = {"id": job_id, "owner": h["owner"], "model": "", "backend": "",

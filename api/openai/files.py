@@ -185,16 +185,3 @@ def _read(path: Path, offset: int) -> bytes:
         f.seek(offset)
         return f.read(PIECE)
 
-
-async def iter_lines(state: AppState, file_id: str) -> AsyncIterator[tuple[int, bytes]]:
-    """(line number from 1, line) for each non-blank line, read piece by piece."""
-    rest, n = b"", 0
-    async for piece in iter_bytes(state, file_id):
-        rest += piece
-        *lines, rest = rest.split(b"\n")
-        for line in lines:
-            n += 1
-            if line.strip():
-                yield n, line
-    if rest.strip():
-        yield n + 1, rest

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from tokenq.api.deps import StateDep, TenantDep
 from tokenq.api.openai import tokenize as logic
@@ -13,12 +11,13 @@ from tokenq.api.openai.tokenize import DetokenizeRequest, TokenizeRequest
 router = APIRouter(tags=["openai"])
 
 
-@router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
-    return await logic.tokenize(state, tenant, body)
+# The logic answers JSON bytes, encoded off the event loop (a long prompt's token list).
+@router.post("/tokenize", response_class=Response)
+async def tokenize(body: TokenizeRequest, state: StateDep, tenant: TenantDep) -> Response:
+    return Response(await logic.tokenize(state, tenant, body), media_type="application/json")
 
 
-@router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, state: StateDep,
-                     tenant: TenantDep) -> dict[str, Any]:
-    return await logic.detokenize(state, tenant, body)
+@router.post("/detokenize", response_class=Response)
+async def detokenize(body: DetokenizeRequest, state: StateDep, tenant: TenantDep) -> Response:
+    return Response(await logic.detokenize(state, tenant, body),
+                    media_type="application/json")
