@@ -16,7 +16,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from tokenq.api import durable, errors
+from tokenq.api import durable, errors, models_admin
 from tokenq.api.access_log import AccessLog
 from tokenq.api.auth import KeyAuth, load_keys
 from tokenq.api.deps import AppState
@@ -29,6 +29,7 @@ from tokenq.api.routes import (
     files,
     jobs,
     lora,
+    models,
     openai,
     ops,
     playground,
@@ -83,6 +84,7 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
         driver = BatchDriver(state)
         state.background["batch_wake"] = driver.wake
         driver_task = asyncio.create_task(driver.run(), name="tokenq-batch-driver")
+        stop_catalogue = models_admin.start(state)  # state.models follows it
         # Vocabularies now, in the background, so the first request does not wait for one.
         preload = asyncio.create_task(state.counter.preload(state.models),
                                       name="tokenq-vocab-preload")
@@ -105,6 +107,7 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
             yield
         finally:
             preload.cancel()
+            await stop_catalogue()
             driver.stop()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(driver_task, timeout=5)
@@ -125,6 +128,7 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
     app.include_router(ops.router)
     app.include_router(admin.router)
     app.include_router(lora.router)
+    app.include_router(models.router)
     if settings.api.playground:
         app.include_router(playground.router)
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes,

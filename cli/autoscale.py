@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 
 import redis
 
+from tokenq.cli import autoscale_catalogue as cat
 from tokenq.cli.scaling import Decider, Decision, Inputs, Policy
-from tokenq.shared import keys
+from tokenq.shared import catalogue_io, keys
+from tokenq.shared.catalogue import CatalogueEntry
 from tokenq.shared.schemas import WorkerHeartbeat, live_workers
 from tokenq.shared.settings import Settings
 from tokenq.shared.weights import select_backend
@@ -68,6 +70,10 @@ class Autoscaler:
     _last_logged: dict[str, tuple[int, int, str]] = field(default_factory=dict)
     _config_slots: dict[str, int] = field(default_factory=dict)  # before any heartbeat
     _host: str = field(default_factory=socket.gethostname)
+    # Models deployed over the API (the catalogue), scaled beside `models`
+    # (cli/autoscale_catalogue.py); False: only `models`.
+    follow_catalogue: bool = True
+    followed: dict[str, cat.Followed] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         registry = self.settings.models()
@@ -116,9 +122,14 @@ class Autoscaler:
     # -- one tick ----------------------------------------------------------------------
     def tick(self) -> dict[str, Decision]:
         self._reap()
+        listed = catalogue_io.entries(self.r) if self.follow_catalogue else {}
+        self._follow(listed)
         out: dict[str, Decision] = {}
-        for model in self.models:
+        for model in [*self.models, *self.followed]:
             inp = self.observe(model)
+            entry = listed.get(model)
+            if entry is not None and not self._active(entry, inp):
+                continue
             d = self._deciders[model].decide(inp, self.clock())
             self._log(model, inp, d)
             if d.target > inp.current:
@@ -129,6 +140,47 @@ class Autoscaler:
             self.peak[model] = max(self.peak[model], len(self.procs[model]))
             out[model] = d
         return out
+
+    # -- the catalogue -----------------------------------------------------------------
+    def _follow(self, listed: dict[str, CatalogueEntry]) -> None:
+        """Start following models deployed over the API; a new version drains the workers
+        of the old one; a model gone from the catalogue is drained and forgotten."""
+        for name, e in listed.items():
+            if e.origin != "api" or name in self.models or e.phase == "retired":
+                continue
+            f = self.followed.get(name)
+            if f is not None and f.version == e.version:
+                continue
+            if f is not None:
+                log.info("autoscale %s: version %d -> %d; draining the old workers", name,
+                         f.version, e.version)
+                self._drain(name, len(self.procs[name]))
+            self.followed[name] = cat.Followed(e.version, e.keep_alive_s, cat.slots_of(e))
+            self._config_slots[name] = cat.slots_of(e)
+            self.procs.setdefault(name, [])
+            self.peak.setdefault(name, 0)
+            self._deciders[name] = Decider(cat.policy_for(self.policy, e, False))
+        for name in [n for n in self.followed
+                     if n not in listed or listed[n].phase == "retired"]:
+            self._drain(name, len(self.procs[name]))
+            if not self.procs[name]:
+                del self.followed[name]
+
+    def _active(self, e: CatalogueEntry, inp: Inputs) -> bool:
+        """Whether the model is scaled by its queue this tick (draining included)."""
+        f = self.followed.get(e.name)
+        if e.phase == "failed":
+            self._drain(e.name, len(self.procs[e.name]))
+            cat.fail_late_arrivals(self.r, self.settings, e, f, inp.depth)
+            return False
+        if e.phase == "retired" or (e.phase == "draining" and cat.retire_if_empty(
+                self.r, e.name, inp.depth, inp.running)):
+            self._drain(e.name, len(self.procs[e.name]))
+            return False
+        if f is not None and not f.loaded_once and e.keep_alive_s == 0 and inp.current:
+            f.loaded_once = True  # keep_alive 0: never unloaded from now on
+            self._deciders[e.name] = Decider(cat.policy_for(self.policy, e, True))
+        return True
 
     def _log(self, model: str, inp: Inputs, d: Decision) -> None:
         """Every decision that differs from the last one logged for the model, with inputs."""
@@ -184,7 +236,7 @@ class Autoscaler:
 
     def close(self, timeout_s: float) -> None:
         """Drain every worker (SIGTERM), wait up to `timeout_s`, then kill what is left."""
-        for model in self.models:
+        for model in self.procs:
             self._drain(model, len(self.procs[model]))
         deadline = time.monotonic() + timeout_s
         for d in list(self.draining):

@@ -13,6 +13,7 @@ import typer
 from tokenq.cli.bench.commands import bench_app
 from tokenq.cli.client_cmds import batch_app, jobs_app
 from tokenq.cli.envtwins import FlagTwinGroup
+from tokenq.cli.models_cmds import register as register_model_cmds
 from tokenq.cli.settings_or_exit import settings_or_exit as _settings
 from tokenq.shared.settings import SettingsProblem
 
@@ -81,23 +82,28 @@ def up(
         typer.echo(f"tokenq: {exc}", err=True)
         raise typer.Exit(2) from None
     stack = Stack(settings, host=host, port=port, workers=workers, models=names)
-    if not autoscale:
+    if not autoscale:  # fixed workers; models deployed over the API load on demand
         stack.start()
+        stack.autoscaler = _autoscaler(stack, 0, max_workers, catalogue_only=True)
         raise typer.Exit(stack.run_foreground())
     stack.start_parts(worker_models=[])
     stack.autoscaler = _autoscaler(stack, min_workers, max_workers)
     raise typer.Exit(stack.run_foreground())
 
 
-def _autoscaler(stack: Stack, min_workers: int | None, max_workers: int | None) -> Autoscaler:
+def _autoscaler(stack: Stack, min_workers: int | None, max_workers: int | None,
+                catalogue_only: bool = False) -> Autoscaler:
+    """Scales `stack.models` and the models deployed over the API (the catalogue); with
+    `catalogue_only`, the latter alone (the stack's own workers are fixed)."""
     from tokenq.cli.autoscale import Autoscaler, policy_from
     from tokenq.shared.redis_conn import sync_client
 
     policy = policy_from(stack.settings, min_workers, max_workers)
+    models = [] if catalogue_only else stack.models
     logging.getLogger("tokenq.autoscale").info(
-        "autoscaling %s: %s", ", ".join(stack.models), policy)
+        "autoscaling %s: %s", ", ".join([*models, "the catalogue's models"]), policy)
     return Autoscaler(sync_client(stack.settings, url=stack.redis_url, decode_responses=True),
-                      stack.settings, stack.models, policy, spawn=stack.spawn_worker)
+                      stack.settings, models, policy, spawn=stack.spawn_worker)
 
 
 @app.command()
@@ -166,8 +172,9 @@ def demo(
     raise typer.Exit(run_demo(_settings(), port or free_port(), transcript, max_tokens))
 
 
-models_app = typer.Typer(no_args_is_help=True, help="The model registry.")
+models_app = typer.Typer(no_args_is_help=True, help="The model registry and catalogue.")
 app.add_typer(models_app, name="models")
+register_model_cmds(models_app)  # deploy, show, switch, retire (over the API)
 
 
 @models_app.command("list")

@@ -178,7 +178,7 @@ class Stack:
         `models=[]`: until the API and Redis answer).
         With an autoscaler, workers come with jobs: until the API answers /health."""
         deadline = time.monotonic() + timeout
-        path = "/health" if self.autoscaler is not None else "/ready"
+        path = "/health" if self.autoscaler is not None and self.autoscaler.models else "/ready"
         last = ""
         while time.monotonic() < deadline:
             if self.api is not None and self.api.poll() is not None:

@@ -6,6 +6,7 @@ a message) and closed in `worker_shutdown`; nothing heavy happens at import.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -17,7 +18,7 @@ from celery import signals
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from tokenq.shared import keys, logs
+from tokenq.shared import catalogue_io, keys, logs
 from tokenq.shared.celery_app import (
     GENERATE_TASK,
     create_celery,
@@ -36,8 +37,8 @@ log = logging.getLogger(__name__)
 OPENMP_SPINS = 10_000
 
 
-def build_engine(settings: Settings, model: str) -> Engine:
-    cfg = settings.models()[model]
+def build_engine(settings: Settings, model: str, cfg: ModelConfig | None = None) -> Engine:
+    cfg = cfg or settings.models()[model]
     backend = select_backend(cfg)
     if backend == "llama" and cfg.embedding:
         from tokenq.workers.engines.llamacpp_embed import LlamaEmbedEngine
@@ -93,9 +94,23 @@ def idle_compute_threads_sleep() -> None:
         os.environ.setdefault("GOMP_SPINCOUNT", str(OPENMP_SPINS))
 
 
+def _config(settings: Settings, model: str) -> tuple[ModelConfig, bool]:
+    """The model's config (a model deployed over the API: the catalogue's) and whether the
+    catalogue has an entry for it (then this worker reports its load there)."""
+    r = sync_client(settings, decode_responses=True)
+    try:
+        entry = catalogue_io.get_entry(r, model)
+    except redis.RedisError as exc:  # Celery waits for Redis; the registry's entry will do
+        log.warning("worker for %r: cannot read the catalogue (%s); using the registry",
+                    model, exc)
+        entry = None
+    finally:
+        r.close()
+    return catalogue_io.config_for(settings, model, entry), entry is not None
+
+
 def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
-    if model not in settings.models():
-        raise SystemExit(f"unknown model {model!r}; known: {', '.join(settings.models())}")
+    cfg, listed = _config(settings, model)
     logs.configure(loglevel)
     app = create_celery(settings)
     tolerate_acks_after_connection_loss()
@@ -105,7 +120,6 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
         logs.configure(loglevel)
 
     app.task(name=GENERATE_TASK, bind=True, acks_late=True, ignore_result=True)(tasks.generate)
-    cfg = settings.models()[model]
     if select_backend(cfg) == "llama":
         idle_compute_threads_sleep()
 
@@ -117,13 +131,24 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
             retry_on_error=[redis.ConnectionError, redis.TimeoutError])
         try:
+            if listed:  # the catalogue says `loading`, and so do its queued jobs' streams
+                catalogue_io.mark_loading(r, settings, model)
             rt = WorkerRuntime(settings=settings, model=model, cfg=cfg,
-                               engine=build_engine(settings, model), r=r)
+                               engine=build_engine(settings, model, cfg), r=r)
             rt.start()
-        except Exception as exc:
+            if listed:
+                catalogue_io.mark_loaded(r, model)
+        except (Exception, SystemExit) as exc:
             # Celery logs and swallows a start hook's exceptions, then consumes with no
             # engine; a SystemExit passes through and stops the worker with this message.
             log.exception("worker for %r: the engine could not start", model)
+            if listed:  # counts against max_load_tries (then its queued jobs fail)
+                with contextlib.suppress(redis.RedisError):
+                    catalogue_io.mark_load_failed(
+                        r, settings, model, str(exc) if isinstance(exc, SystemExit)
+                        else f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, SystemExit):
+                raise
             raise SystemExit(f"worker for {model!r}: the {select_backend(cfg)} engine could "
                              f"not start: {type(exc).__name__}: {exc}") from exc
         bind(app, rt)

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from tokenq.api import lora_admin
+from tokenq.api import lora_admin, models_admin
 from tokenq.api.deps import PrincipalDep, StateDep, TenantDep
 from tokenq.api.errors import ModelNotFound
 from tokenq.api.openai import embeddings as embeddings_logic
@@ -41,7 +41,14 @@ async def list_models(state: StateDep, who: PrincipalDep) -> dict[str, Any]:
 
 @router.get("/models/{model_id}")
 async def get_model(model_id: str, state: StateDep, who: PrincipalDep) -> dict[str, Any]:
+    """For an admin key, a catalogue model (api/models_admin.py) also shows its state,
+    version, workers and spec, failed or retired ones included."""
     cfg = state.models.get(model_id)
+    entry = await models_admin.get_entry(state.redis, model_id) if who.admin else None
+    if entry is not None:
+        out = _model(model_id, None, await context_length(state, model_id, cfg)) \
+            if cfg is not None else {}
+        return {**out, **await models_admin.show(state, entry, admin=True)}
     if cfg is not None:
         return _model(model_id, None, await context_length(state, model_id, cfg))
     found = await lora_admin.resolve(state, model_id, who.tenant)

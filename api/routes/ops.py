@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
+from tokenq.api import models_admin
 from tokenq.api.deps import MetricsDep, StateDep
 from tokenq.shared import keys, schemas
 from tokenq.shared.schemas import WorkerHeartbeat
@@ -52,8 +53,9 @@ async def ready(state: StateDep, workers: bool = True) -> JSONResponse:
                             status_code=503)
     if not workers:
         return JSONResponse({"status": "ready"})
-    missing = [m for m in state.models if not live.get(m)]
-    # Ready once every served model has a live worker.
+    missing = [m for m in state.models if not live.get(m) and models_admin.fixed(state, m)]
+    # Ready once every served model has a live worker (but those deployed over the API,
+    # which load on demand).
     body = {"status": "ready" if not missing else "not_ready",
             "workers": {m: len(live.get(m, [])) for m in state.models},
             "missing": missing}

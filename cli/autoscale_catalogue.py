@@ -1,0 +1,78 @@
+"""What the autoscaler takes from the model catalogue (shared/catalogue.py) each tick.
+
+A model deployed over the API is scaled like the models named at start, with its own
+policy: no worker until its queue has work (load on demand), and back to none after
+`keep_alive_s` without work (0: never unloaded once loaded). A new version (PATCH) drains
+the workers of the old one; the next job loads the new one. A `draining` model (retired
+with its queued jobs left to finish) is scaled by its queue until it is empty, then marked
+`retired`; a `retired` or `failed` model has its workers drained, and a failed model's
+late arrivals (jobs the API took before it saw the failure) fail with model_load_failed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from tokenq.cli.scaling import Policy
+from tokenq.shared import catalogue_io
+from tokenq.shared.catalogue import CatalogueEntry
+from tokenq.shared.schemas import JobErrorInfo
+from tokenq.shared.weights import select_backend
+
+log = logging.getLogger("tokenq.autoscale")
+
+
+@dataclass
+class Followed:
+    """A catalogue model this autoscaler scales: the version its workers run."""
+
+    version: int
+    keep_alive_s: float
+    slots: int
+    loaded_once: bool = False
+    failed_depth: int = -1  # queue depth when its queued jobs were last failed
+
+
+def policy_for(base: Policy, entry: CatalogueEntry, loaded_once: bool) -> Policy:
+    """Load on demand; unload after keep_alive_s idle (0: never, once loaded)."""
+    ka = entry.keep_alive_s
+    if ka == 0:
+        return replace(base, min_workers=1 if loaded_once else 0)
+    return replace(base, min_workers=0, up_window_s=0.0, down_window_s=ka, cooldown_s=ka)
+
+
+def slots_of(entry: CatalogueEntry) -> int:
+    cfg = entry.spec
+    return cfg.max_num_seqs if select_backend(cfg) == "vllm" else cfg.n_parallel
+
+
+def retire_if_empty(r: object, name: str, depth: int, running: int) -> bool:
+    """A draining model whose queues are empty and whose jobs have ended: `retired`."""
+    if depth or running:
+        return False
+
+    def change(e: CatalogueEntry) -> CatalogueEntry | None:
+        if e.phase != "draining":
+            return None
+        e.phase = "retired"
+        return e
+
+    done = catalogue_io.update(r, name, change) is not None  # type: ignore[arg-type]
+    if done:
+        log.info("autoscale %s: drained; retired", name)
+    return done
+
+
+def fail_late_arrivals(r: object, settings: object, entry: CatalogueEntry,
+                       followed: Followed | None, depth: int) -> None:
+    """A failed model's jobs that arrived after it failed end as its queued jobs did
+    (looked for again only when its queue depth changed)."""
+    if depth == 0 or (followed is not None and followed.failed_depth == depth):
+        return
+    if followed is not None:
+        followed.failed_depth = depth
+    err = JobErrorInfo(code="model_load_failed",
+                       message=f"model {entry.name!r} could not be loaded: {entry.error}")
+    catalogue_io.model_jobs(r, settings, entry.name, "fail",  # type: ignore[arg-type]
+                            err.model_dump_json())

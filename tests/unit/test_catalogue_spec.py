@@ -1,0 +1,92 @@
+"""A load request (POST /v1/models) maps onto ModelConfig, or is refused naming its field:
+unknown fields, unknown backends, the other engine's knobs, weights that are missing or
+not GGUF."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tokenq.shared.catalogue import (
+    SpecError,
+    check_weights,
+    parse_load_request,
+    request_of,
+)
+from tokenq.shared.settings import ModelConfig
+
+
+def gguf(tmp_path: Path) -> Path:
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF" + b"\0" * 60)
+    return path
+
+
+def test_a_load_request_maps_onto_model_config(tmp_path: Path) -> None:
+    name, cfg, opts = parse_load_request({
+        "name": "smol-x", "model_path": str(gguf(tmp_path)), "backend": "llama",
+        "n_ctx": 4096, "n_parallel": 2, "temperature": 0.1, "max_tokens": 7,
+        "keep_alive_s": 5})
+    assert name == "smol-x" and cfg.backend == "llama" and cfg.source == "file"
+    assert (cfg.n_ctx, cfg.n_parallel, cfg.temperature, cfg.max_tokens) == (4096, 2, 0.1, 7)
+    assert opts["keep_alive_s"] == 5 and not cfg.embedding
+    _, emb, _ = parse_load_request({"name": "e", "model_path": "/x.gguf",
+                                    "server_type": "embedding"})
+    assert emb.embedding
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"name": "a", "model_path": "/x.gguf", "n_parralel": 2}, "n_parralel"),
+    ({"name": "a", "model_path": "/x.gguf", "backend": "tgi"}, "backend"),
+    ({"name": "a", "model_path": "/x.gguf", "backend": "llama",
+      "gpu_memory_utilization": 0.5}, "gpu_memory_utilization"),
+    ({"name": "a", "model_path": "/x", "backend": "vllm", "n_ubatch": 8}, "n_ubatch"),
+    ({"name": "a"}, "model_path"),
+    ({"name": "-bad", "model_path": "/x.gguf"}, "name"),
+    ({"name": "a", "model_path": "/x.gguf", "server_type": "tts"}, "server_type"),
+    ({"name": "a", "model_path": "/x.gguf", "keep_alive_s": -1}, "keep_alive_s"),
+    ({"name": "a", "model_path": "/x.gguf", "n_ctx": "big"}, "n_ctx"),
+])
+def test_bad_requests_are_refused_naming_the_field(body: dict[str, object],
+                                                   param: str) -> None:
+    with pytest.raises(SpecError) as exc:
+        parse_load_request(body)
+    assert exc.value.param == param, exc.value.message
+
+
+def test_auto_takes_knobs_of_either_engine() -> None:
+    _, cfg, _ = parse_load_request({"name": "a", "model_path": "/x.gguf", "n_ctx": 2048,
+                                    "max_num_seqs": 4})
+    assert (cfg.n_ctx, cfg.max_num_seqs) == (2048, 4)
+
+
+def test_weights_are_checked_where_the_api_sees_them(tmp_path: Path) -> None:
+    check_weights(ModelConfig(path=str(gguf(tmp_path))), "llama")
+    with pytest.raises(SpecError, match="does not exist"):
+        check_weights(ModelConfig(path=str(tmp_path / "nope.gguf")), "llama")
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"PK\x03\x04 not a gguf")
+    with pytest.raises(SpecError, match="not a GGUF"):
+        check_weights(ModelConfig(path=str(junk)), "auto")
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    with pytest.raises(SpecError, match=r"config\.json"):
+        check_weights(ModelConfig(path=str(folder), source="hf"), "vllm")
+    (folder / "config.json").write_text("{}")
+    check_weights(ModelConfig(path=str(folder), source="hf"), "vllm")
+
+
+def test_a_folder_is_a_hugging_face_model_and_llama_cannot_serve_it(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    _, cfg, _ = parse_load_request({"name": "a", "model_path": str(tmp_path),
+                                    "backend": "vllm"})
+    assert cfg.source == "hf"
+    with pytest.raises(SpecError, match="vLLM only"):
+        parse_load_request({"name": "a", "model_path": str(tmp_path), "backend": "llama"})
+
+
+def test_a_registry_entry_reads_back_as_the_same_config() -> None:
+    cfg = ModelConfig(path="/m.gguf", n_ctx=2048, temperature=0.3, embedding=True)
+    back = parse_load_request({"name": "m", **request_of(cfg)})[1]
+    assert back == cfg
