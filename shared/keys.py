@@ -23,6 +23,7 @@
     tokenq:lane:{model}:{priority}:tenants  zset  the lane's tenants with jobs waiting -> score
                                  (fair share, shared/lua/fair.lua)
     tokenq:lane:{model}:{priority}:t:{t}    list  that tenant's waiting job ids, oldest first
+    tokenq:lane:{model}:{priority}:empty    string  tickets that found no job (a count)
     tokenq:share:{t}             hash    served (decayed tokens), at, weight (fair share)
 
 LoRA adapters (shared/lora_registry.py):

@@ -219,6 +219,30 @@ def scale(
     emit(run_scale(cfg, (lambda _: None) if json_out else typer.echo), json_out)
 
 
+@bench_app.command("fair")
+def fair(
+    tenants: Annotated[int, typer.Option(help="tenants, one of them heavy")] = 10,
+    heavy_factor: Annotated[float, typer.Option(help="the heavy tenant's demand, x a "
+                                                     "light one's")] = 100.0,
+    light_rate: Annotated[float, typer.Option(help="jobs/s per light tenant")] = 0.3,
+    seconds: Annotated[float, typer.Option(help="seconds per arm (fair, FIFO, heavy "
+                                                 "absent)")] = 60.0,
+    window_s: Annotated[float, typer.Option(help="Jain's index window (s)")] = 30.0,
+    workers: Annotated[int, typer.Option(help="worker processes")] = 2,
+    apis: Annotated[int, typer.Option(help="API processes (one restarted midway)")] = 3,
+    json_out: Json = False,
+) -> None:
+    """Fair share vs FIFO: one heavy tenant beside light ones, on the fake engine.
+
+    Jain's index per window over tokens served (each tenant's over its max-min fair
+    allocation), the light tenants' p95 queue wait beside the heavy one vs without it."""
+    from tokenq.cli.bench.fair import FairConfig, run_fair
+
+    cfg = FairConfig(tenants=tenants, heavy_factor=heavy_factor, light_rate=light_rate,
+                     seconds=seconds, window_s=window_s, workers=workers, apis=apis)
+    emit(run_fair(cfg, (lambda _: None) if json_out else typer.echo), json_out)
+
+
 @bench_app.command("postcall")
 def postcall(
     model: Model = None,

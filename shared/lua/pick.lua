@@ -21,7 +21,10 @@ local t_now = tonumber(now)
 
 for _ = 1, MAX_SKIP do
   local tenant = redis.call('ZRANGE', tenants_key, 0, 0)[1]
-  if not tenant then return {'empty'} end
+  if not tenant then
+    redis.call('INCR', lane .. ':empty')  -- tickets that found nothing (redelivered, cancelled)
+    return {'empty'}
+  end
   local list_key = lane .. ':t:' .. tenant
   local job_id = redis.call('LPOP', list_key)
   local job_key = job_id and ('@JOB_PREFIX@' .. job_id)

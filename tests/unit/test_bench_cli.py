@@ -31,6 +31,8 @@ SUBCOMMANDS = {
     "mixed": {"--model", "--vllm", "--quick", "--batch-jobs", "--batch-tokens", "--arrivals",
               "--rate", "--peers", "--no-peers", "--json"},
     "scale": {"--quick", "--clients", "--token-rate", "--posts", "--backlog", "--json"},
+    "fair": {"--tenants", "--heavy-factor", "--light-rate", "--seconds", "--window-s",
+             "--workers", "--apis", "--json"},
     "postcall": {"--model", "--calls", "--max-tokens", "--seed", "--runs", "--peers",
                  "--no-peers", "--json"},
 }
