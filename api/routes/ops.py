@@ -71,8 +71,23 @@ async def _oldest_age(state: StateDep, queue: str, now: float) -> float:
         job_id = json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0]
     except (ValueError, KeyError, IndexError, TypeError):
         return 0.0
+    if not job_id:  # a ticket (fair share): the oldest of the tenants' oldest waiting jobs
+        return await _oldest_waiting(state, keys.lane(queue), now)
     created = await state.redis.hget(keys.job(job_id), "created_at")
     return max(0.0, now - float(created)) if created else 0.0
+
+
+async def _oldest_waiting(state: StateDep, lane: str, now: float) -> float:
+    tenants: list[str] = await state.redis.zrange(  # type: ignore[assignment]
+        keys.lane_tenants(lane), 0, -1)
+    pipe = state.redis.pipeline(transaction=False)
+    for t in tenants:
+        pipe.lindex(keys.lane_list(lane, t), 0)
+    heads = [h for h in await pipe.execute() if h]
+    for h in heads:
+        pipe.hget(keys.job(h), "created_at")
+    created = [float(c) for c in (await pipe.execute() if heads else []) if c]
+    return max(0.0, now - min(created)) if created else 0.0
 
 
 @router.get("/metrics/targets")
