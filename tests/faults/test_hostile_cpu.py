@@ -36,9 +36,20 @@ KEYS = {"alpha": "ck-alpha", "beta": "ck-beta"}
 BODY_LIMIT = 1_000_000
 FILE_LIMIT = 16_000_000
 RATE = 25.0  # the victim's stream: a token every 40 ms, 160 s of them
-QUIET_S = 4.0  # the baseline window before the attack; the one after lasts as the attack
+QUIET_S = 10.0  # the baseline window, before the attack
 GAP_LIMIT, P99_LIMIT = 0.200, 0.100
-LOADED = 3  # on a loaded machine: at most this times the baseline
+LOADED = 5
+
+
+def bound(limit: float, jitter: float) -> float:
+    """The issue's bound where the machine is quiet; where it is not (other suites beside
+    this one), half the bound plus LOADED times the jitter it shows with nobody attacking:
+    there the attack's own CPU, a core of tokenizer taken from the API process' share of
+    the machine, costs the loop latency an API on its own cores would not see. The inline
+    code misses either by two orders of magnitude."""
+    return max(limit, limit / 2 + LOADED * jitter)
+
+
 ATTACKERS = 16
 PHRASE = "The quick brown fox jumps over the lazy dog; "
 
@@ -223,9 +234,8 @@ def test_a_tenants_cpu_work_does_not_stall_another(stack: Stack, tmp_path: Path)
     try:
         victim.wait_tokens(10)
         # The baseline: the same stream and POSTs with nobody attacking, on the same machine
-        # under the same load from elsewhere: a window before the attack, and one after it
-        # as long as the attack (up to 30 s), so that both see as many of the hiccups
-        # another process's burst causes.
+        # under the same load from elsewhere. (Not after the attack: with the defect, the
+        # loop is still busy with the attack's leftovers then.)
         before = time.monotonic()
         time.sleep(QUIET_S)
         start = time.monotonic()
@@ -237,9 +247,7 @@ def test_a_tenants_cpu_work_does_not_stall_another(stack: Stack, tmp_path: Path)
         ended = [wait_failed(alpha, b, deadline) for b in batches]
         out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
         end = time.monotonic()
-        time.sleep(min(30.0, max(QUIET_S, end - start)))
-        quiet = [victim.figures(before, start), victim.figures(end, time.monotonic())]
-        base_gap, base_p99 = max(q[0] for q in quiet), max(q[1] for q in quiet)
+        base_gap, base_p99, _ = victim.figures(before, start)
         gap, p99, n_posts = victim.figures(start, end)
     finally:
         if proc is not None and proc.poll() is None:
@@ -256,13 +264,8 @@ def test_a_tenants_cpu_work_does_not_stall_another(stack: Stack, tmp_path: Path)
           f"the victim's worst token gap {gap * 1000:.0f} ms (baseline "
           f"{base_gap * 1000:.0f} ms), POST p99 {p99 * 1000:.0f} ms over {n_posts} "
           f"(baseline {base_p99 * 1000:.0f} ms)")
-    # The issue's bounds, on a machine to itself. On one shared with other suites the
-    # attack's own CPU (a core of tokenizer, taken from the API process' share of the
-    # machine) costs the loop latency an API on its own cores would not see: there the
-    # bound is a factor of what the same machine shows with nobody attacking. The inline
-    # code misses either by two orders of magnitude (seconds).
-    assert gap <= max(GAP_LIMIT, LOADED * base_gap), (gap, base_gap)
-    assert p99 <= max(P99_LIMIT, LOADED * base_p99), (p99, base_p99)
+    assert gap <= bound(GAP_LIMIT, base_gap - 1 / RATE), (gap, base_gap)
+    assert p99 <= bound(P99_LIMIT, base_p99), (p99, base_p99)
     assert len(answers) == ATTACKERS and set(codes) <= {200, 429}, answers
     for a in answers:
         if a["status"] == 429:  # the tenant's excess: OpenAI's envelope, retry later
