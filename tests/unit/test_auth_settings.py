@@ -75,3 +75,21 @@ def test_production_refuses_to_start_without_keys(tmp_path: Path,
         assert app_from_env().state.api_keys_configured
     finally:
         get_settings.cache_clear()
+
+
+def test_fair_share_weights_on_key_entries(tmp_path: Path) -> None:
+    from tokenq.api.auth import load_keys
+
+    got = parse_keys("k1:acme:high+weight=2.5,k2:zeta")
+    assert got[hash_key("k1")].weight == 2.5 and got[hash_key("k1")].high
+    assert got[hash_key("k2")].weight == 1.0
+    path = tmp_path / "keys"
+    for bad in ("weight=0", "weight=-1", "weight=nan", "weight=x", "weight=1001",
+                "weight=1 weight=2"):
+        path.write_text(f"sha256:{hash_key('k')} acme {bad}\n")
+        with pytest.raises(ValueError, match="weight"):
+            load_keys_file(path)
+    path.write_text(f"sha256:{hash_key('k')} acme weight=2\n")
+    with pytest.raises(ValueError, match="different weights"):  # the API refuses to start
+        load_keys("k3:acme:weight=3", path)
+    assert load_keys("k3:acme:weight=2", path)[hash_key("k3")].weight == 2
