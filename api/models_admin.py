@@ -97,16 +97,19 @@ class ModelTable:
         self.seen = -1
 
     def apply(self, models: dict[str, ModelConfig], catalogue: dict[str, CatalogueEntry]
-              ) -> None:
+              ) -> list[str]:
+        """Rewrite `models` in place; the names whose config changed or went away."""
         table = dict(self.registry)
         for name, e in catalogue.items():
             if not e.served:
                 table.pop(name, None)
             elif e.origin == "api":
                 table[name] = e.spec
+        changed = [n for n, cfg in models.items() if table.get(n) != cfg]
         for name in [n for n in models if n not in table]:
             del models[name]
         models.update(table)
+        return changed
 
 
 def table_of(state: AppState) -> ModelTable:
@@ -121,8 +124,12 @@ async def refresh(state: AppState, force: bool = False) -> None:
     seen = int(await state.redis.get(CATALOGUE_VERSION) or 0)
     if seen == table.seen and not force:
         return
-    table.apply(state.models, await entries(state.redis))
+    changed = table.apply(state.models, await entries(state.redis))
     table.seen = seen
+    vocabs = getattr(state.counter, "_vocabs", None)  # a new version's weights: read again
+    if isinstance(vocabs, dict):
+        for name in changed:
+            vocabs.pop(name, None)
 
 
 async def seed(state: AppState) -> None:
