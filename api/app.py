@@ -22,6 +22,7 @@ from tokenq.api.auth import KeyAuth, load_keys
 from tokenq.api.deps import AppState
 from tokenq.api.limits import BodyLimit
 from tokenq.api.openai.batch_driver import BatchDriver
+from tokenq.api.openai.file_store import FileStore
 from tokenq.api.ratelimit import RateLimits
 from tokenq.api.routes import (
     admin,
@@ -81,6 +82,10 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
         state.redis_raw = async_client(settings, decode_responses=False, max_connections=32)
         if settings.api.durable_replicas:  # endings reach clients only once replicated
             hub.before_terminal = partial(durable.settle_terminal, state)
+        state.file_store = FileStore(r, settings.api.files_dir)
+        sweeper_stop = asyncio.Event()
+        sweeper = asyncio.create_task(state.file_store.run(sweeper_stop),
+                                      name="tokenq-upload-sweeper")
         driver = BatchDriver(state)
         state.background["batch_wake"] = driver.wake
         driver_task = asyncio.create_task(driver.run(), name="tokenq-batch-driver")
@@ -102,15 +107,19 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
                         "TOKENQ_API__TENANT_MAX_FILES, TOKENQ_API__TENANT_MAX_FILE_BYTES)")
         if not state.api_keys:
             log.warning("no API keys configured: every caller is tenant 'default' (admin); "
-                        "serve on loopback only")
+                        "requests that arrive on an address outside loopback are refused "
+                        "with 403")
         try:
             yield
         finally:
             preload.cancel()
             await stop_catalogue()
             driver.stop()
+            sweeper_stop.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(driver_task, timeout=5)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sweeper, timeout=5)
             await hub.stop()
             await hub_redis.aclose()
             await state.raw.aclose()

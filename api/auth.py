@@ -15,13 +15,23 @@ process never needs the plain keys of a file. (`tokenq hash-key KEY` prints a li
 Why a middleware rather than a dependency on each route: a route added later (files,
 batches, admin) cannot forget it. With keys configured, every path but the public ones
 needs `Authorization: Bearer <key>` (401 otherwise, before the body is read), and each
-request is charged to its tenant's requests/s bucket (429 + Retry-After). Without keys,
-everyone is tenant `default` with the admin role, and api/server.py binds to loopback only.
+request is charged to its tenant's requests/s bucket (429 + Retry-After). `/metrics` and
+`/metrics/targets` need a key with the `metrics` (or `admin`) role: Prometheus sends it as
+a bearer token.
+
+Without keys, everyone is tenant `default` with the admin role, so such an API must not be
+reachable from another machine. `tokenq api` and api/server.py bind to loopback; every
+other way to serve it (`uvicorn tokenq.api.app:create_app --factory --host 0.0.0.0`,
+gunicorn, hypercorn) is covered here: a request that arrived on an address outside
+loopback (the ASGI scope's `server`, the socket's own address) is refused with 403. Checked
+per request because the app cannot know at start which interfaces its server listens on,
+and a request's local address is what matters whatever the server binds.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,14 +45,15 @@ from tokenq.shared import logs
 log = logging.getLogger(__name__)
 
 DEFAULT_TENANT = "default"
-# Health, readiness and metrics are scraped without keys; the docs show only the shapes.
-# The playground page is static; its API calls carry the key typed into it.
-PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/openapi.json",
+# Health and readiness are probed without keys; the docs show only the shapes. The
+# playground page is static; its API calls carry the key typed into it. Metrics are not
+# public: they tell queue depths, models and load (a `metrics` key).
+PUBLIC_PATHS = frozenset({"/health", "/ready", "/docs", "/redoc", "/openapi.json",
                           "/docs/oauth2-redirect", "/playground"})
 
 
 # Roles a key may carry besides its tenant: `admin` (every admin route, and all below),
-# `high` (may submit `priority: high`), `metrics` (Prometheus: /metrics/targets).
+# `high` (may submit `priority: high`), `metrics` (Prometheus: /metrics, /metrics/targets).
 ROLES = frozenset({"admin", "high", "metrics"})
 
 
@@ -51,7 +62,7 @@ class Principal:
     tenant: str
     admin: bool = False
     high: bool = False  # may use `priority: high`
-    metrics: bool = False  # may read /metrics/targets (workers' addresses)
+    metrics: bool = False  # may read /metrics and /metrics/targets (workers' addresses)
 
     weight: float = 1.0  # fair share between tenants (docs/scheduling.md): `weight=N`
 
@@ -144,6 +155,22 @@ def load_keys(raw: str | None, path: Path | None) -> dict[str, Principal]:
     return keys
 
 
+def off_loopback(scope: Scope) -> str | None:
+    """The address a request arrived on (the server's side of its connection), when that
+    is an IP address outside loopback; None for loopback, a Unix socket's path or an
+    in-process test client's name."""
+    server = scope.get("server")
+    if not server:
+        return None
+    host = str(server[0])
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return None if (mapped or ip).is_loopback else host
+
+
 def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
     for name, value in headers:
         if name == b"authorization":
@@ -158,8 +185,14 @@ class KeyAuth:
     def __init__(self, app: ASGIApp, keys: dict[str, Principal]):
         self.app = app
         self.keys = keys
+        self._warned = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self.keys:
+            where = off_loopback(scope)
+            if where is not None:
+                await self._refuse_off_loopback(where, scope, receive, send)
+                return
         if scope["type"] != "http" or scope.get("path", "") in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
@@ -195,3 +228,16 @@ class KeyAuth:
                 return
         with logs.bind(tenant=principal.tenant):
             await self.app(scope, receive, send)
+
+    async def _refuse_off_loopback(self, where: str, scope: Scope, receive: Receive,
+                                   send: Send) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("no API keys configured: refusing requests that arrive on %s (only "
+                        "loopback is served); set TOKENQ_API__KEYS_FILE or TOKENQ_API_KEYS "
+                        "to serve other interfaces", where)
+        resp = envelope(403, "this API has no API keys configured, so it answers on loopback "
+                        "only (every caller would be its admin); the operator sets "
+                        "TOKENQ_API__KEYS_FILE or TOKENQ_API_KEYS to serve this address",
+                        "permission_error", "loopback_only")
+        await resp(scope, receive, send)

@@ -11,10 +11,10 @@ from fastapi import Depends, Request
 
 from tokenq.api.auth import Principal
 from tokenq.api.errors import Forbidden, Unauthorized
+from tokenq.api.openai.file_store import FileStore
 from tokenq.api.ratelimit import RateLimits
 from tokenq.api.streams import StreamHub
 from tokenq.api.tokens import PromptCounter
-from tokenq.shared.metrics import ClusterMetrics
 from tokenq.shared.settings import ModelConfig, Settings
 from tokenq.shared.store import AsyncJobStore
 
@@ -31,12 +31,12 @@ class AppState:
     limits: RateLimits
     api_keys: dict[str, Principal] = field(default_factory=dict)  # sha256(key) -> who
     open_streams: dict[str, int] = field(default_factory=dict)  # tenant -> SSE streams here
-    cluster_metrics: ClusterMetrics = field(default_factory=ClusterMetrics)
     draining: bool = False  # SIGTERM received: refuse new jobs, let open streams finish
     # Same server, bytes in and out: file contents (a decoding client could split a
     # multi-byte character at a piece boundary).
     redis_raw: aioredis.Redis | None = None
     background: dict[str, Any] = field(default_factory=dict)  # long-lived tasks (batch driver)
+    file_store: FileStore | None = None  # uploads' quotas, leases and expiry (lifespan)
 
     def may_use_high(self, tenant: str) -> bool:
         """`priority: high` is a per-tenant permission (a key with the `high` or `admin`
@@ -48,6 +48,11 @@ class AppState:
     def raw(self) -> aioredis.Redis:
         assert self.redis_raw is not None, "redis_raw is made in the app's lifespan"
         return self.redis_raw
+
+    @property
+    def files(self) -> FileStore:
+        assert self.file_store is not None, "file_store is made in the app's lifespan"
+        return self.file_store
 
 
 def get_state(request: Request) -> AppState:

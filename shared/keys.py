@@ -40,6 +40,13 @@ OpenAI files and batches, completion webhooks:
     tokenq:file:{id}             hash    file object (owner, purpose, filename, bytes, kind)
     tokenq:file:{id}:data        string  uploaded content (when files live in Redis)
     tokenq:tenant:{t}:files      zset    file ids by creation time
+    tokenq:tenant:{t}:upload_bytes  zset  its uploads (copying or stored) -> bytes reserved
+                                 (the byte quota, checked atomically by file_reserve.lua)
+    tokenq:uploads               zset    "{file id}:{tenant}" -> deadline (Unix s): while
+                                 copied, the upload's lease; once stored, its expiry; once
+                                 dropped, 0 (its copy on disk still to delete). The sweeper
+                                 deletes whatever is past its deadline
+    tokenq:uploads:sweeper       string  lease of the API replica sweeping expired uploads
     tokenq:batch:{id}            hash    batch object, counters, enqueue cursor
     tokenq:batch:{id}:out|:err   list    job ids of lines that succeeded | did not, in end order
     tokenq:batch:{id}:ids        set     custom_ids seen while validating (duplicate check)
@@ -145,8 +152,13 @@ def share(tenant: str) -> str:
     return SHARE_PREFIX + tenant
 
 
+FILE_PREFIX = f"{PREFIX}:file:"
+UPLOADS = f"{PREFIX}:uploads"
+UPLOADS_SWEEPER = f"{PREFIX}:uploads:sweeper"
+
+
 def file(file_id: str) -> str:
-    return f"{PREFIX}:file:{file_id}"
+    return FILE_PREFIX + file_id
 
 
 def file_data(file_id: str) -> str:
@@ -160,6 +172,18 @@ def tenant_files(tenant: str) -> str:
 def tenant_upload_bytes(tenant: str) -> str:
     """Sorted set: the tenant's uploads, scored by their size (its file quota)."""
     return f"{PREFIX}:tenant:{tenant}:upload_bytes"
+
+
+def upload_member(file_id: str, tenant: str) -> str:
+    """An upload's member in UPLOADS (file ids hold no ':'; file_reserve.lua builds the
+    same)."""
+    return f"{file_id}:{tenant}"
+
+
+def upload_of(member: str) -> tuple[str, str]:
+    """UPLOADS member -> (file id, tenant)."""
+    file_id, _, tenant = member.partition(":")
+    return file_id, tenant
 
 
 BATCH_PREFIX = f"{PREFIX}:batch:"

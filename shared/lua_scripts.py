@@ -7,8 +7,8 @@ prefixes the scripts build themselves (which batch a job belongs to is only know
 inside Redis) are written `@BATCH_PREFIX@` style and filled in from shared/keys.py.
 
 Only the stores run scripts (shared/store.py: jobs; api/openai/batch_store.py: batches;
-api/ratelimit.py: rate limits; workers/webhooks.py: the webhook outbox); everything else
-calls their typed methods.
+api/openai/file_store.py: uploads; api/ratelimit.py: rate limits; workers/webhooks.py: the
+webhook outbox); everything else calls their typed methods.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ _CONSTANT = re.compile(r"@([A-Z_]+)@")
 CONSTANTS = {
     "BATCH_PREFIX": keys.BATCH_PREFIX,
     "BATCHES_PENDING": keys.BATCHES_PENDING,
+    "FILE_PREFIX": keys.FILE_PREFIX,
     "JOB_PREFIX": keys.JOB_PREFIX,
     "QUEUED": keys.QUEUED,
     "SHARE_PREFIX": keys.SHARE_PREFIX,

@@ -16,7 +16,8 @@ TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 
 
 
 class ClusterMetrics:
-    """Gauges the API fills from Redis on each scrape."""
+    """Gauges the API fills from Redis for one scrape: a fresh set per scrape, never
+    shared, so scrapes that overlap each see a whole view."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()

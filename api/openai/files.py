@@ -5,11 +5,13 @@ An upload is copied in 1 MiB pieces (APPEND to a Redis string, or a file under
 whole in the API's memory; readers take it back the same way (GETRANGE).
 A batch's output and error files are not stored at all: their lines are
 rendered on read from the batch's result lists (api/openai/batches.py).
+Quotas, an upload's lease and its expiry (on disk too) are api/openai/file_store.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -20,8 +22,17 @@ from fastapi import UploadFile
 
 from tokenq.api import durable
 from tokenq.api.deps import AppState
-from tokenq.api.errors import InvalidRequest, NotFound, PayloadTooLarge, QuotaExceeded
+from tokenq.api.errors import (
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    QuotaExceeded,
+    RequestTimeout,
+)
+from tokenq.api.openai.file_store import Refused
 from tokenq.shared import keys
+
+log = logging.getLogger(__name__)
 
 PIECE = 1 << 20
 Purpose = Literal["batch", "batch_output", "user_data", "fine-tune", "assistants", "vision",
@@ -50,81 +61,78 @@ def _path(state: AppState, file_id: str) -> Path | None:
 
 
 async def create(state: AppState, tenant: str, upload: UploadFile, purpose: str) -> dict[str, Any]:
+    """Copy an upload a piece at a time. Its bytes are reserved against the tenant's quota
+    before they are written (all at once when the body's size is known, as it is once
+    parsed), its lease is pushed on at each piece, and its expiry counts from its first
+    byte (api/openai/file_store.py). Whatever stops it midway drops what it wrote."""
     if purpose not in UPLOAD_PURPOSES:
         raise InvalidRequest(f"purpose must be one of {', '.join(UPLOAD_PURPOSES)}",
                              param="purpose")
-    s, r = state.settings, state.redis
-    count, used = await usage(state, tenant)
-    if s.api.tenant_max_files and count >= s.api.tenant_max_files:
-        raise QuotaExceeded(f"you have {count} files, the limit per tenant; delete some "
-                            "first", param="file")
+    s, store = state.settings, state.files
+    limit = s.api.max_file_bytes
+    if upload.size is not None and upload.size > limit:
+        raise PayloadTooLarge(f"file is larger than {limit} bytes", param="file")
     file_id = "file-" + uuid.uuid4().hex
-    path = _path(state, file_id)
+    path = store.path(file_id)
     quota = tenant_quota(s.api.tenant_max_file_bytes, s.api.tenant_max_redis_file_bytes,
                          in_redis=path is None)
+    first = time.time()
+    held = upload.size or 0
+    _check(await store.reserve(tenant, file_id, held, quota=quota,
+                               max_files=s.api.tenant_max_files, first=True), quota)
     size = 0
     try:
         while piece := await upload.read(PIECE):
             size += len(piece)
-            if size > s.api.max_file_bytes:
-                raise PayloadTooLarge(f"file is larger than {s.api.max_file_bytes} bytes",
-                                      param="file")
-            if quota and used + size > quota:
-                raise QuotaExceeded(f"your files would exceed {quota} "
-                                    f"bytes, the limit per tenant ({used} stored); delete "
-                                    "some first", param="file")
+            if size > limit:
+                raise PayloadTooLarge(f"file is larger than {limit} bytes", param="file")
+            _check(await store.reserve(tenant, file_id, max(0, size - held), quota=quota,
+                                       max_files=0, first=False), quota)
+            held = max(held, size)
             if path is None:
-                await state.raw.append(keys.file_data(file_id), piece)
+                await store.append(file_id, piece)
             else:
                 await asyncio.to_thread(_append, path, piece)
+        now = time.time()
+        h = {"id": file_id, "owner": tenant, "purpose": purpose, "bytes": str(size),
+             "filename": upload.filename or "upload.jsonl", "created_at": repr(now),
+             "kind": "upload", "expires_at": str(int(first + s.api.file_ttl_s))}
+        if not await store.commit(tenant, file_id, h, size, int(h["expires_at"])):
+            _check(Refused("gone", 0), quota)
     except BaseException:
-        await _drop_data(state, file_id)
+        await _abandon(state, tenant, file_id)
         raise
-    now = time.time()
-    h = {"id": file_id, "owner": tenant, "purpose": purpose, "bytes": str(size),
-         "filename": upload.filename or "upload.jsonl", "created_at": repr(now), "kind": "upload"}
-    pipe = r.pipeline(transaction=True)
-    pipe.hset(keys.file(file_id), mapping=h)  # type: ignore[arg-type]
-    pipe.expire(keys.file(file_id), s.api.file_ttl_s)
-    if path is None:
-        pipe.expire(keys.file_data(file_id), s.api.file_ttl_s)
-    pipe.zadd(keys.tenant_files(tenant), {file_id: now})
-    pipe.zadd(keys.tenant_upload_bytes(tenant), {file_id: size})
-    await pipe.execute()
     await durable.confirm(state, f"file {file_id}", lambda: delete(state, tenant, file_id))
     return file_object(h)
 
 
-async def usage(state: AppState, tenant: str) -> tuple[int, int]:
-    """(uploads, their bytes) the tenant holds now; expired uploads are dropped first."""
-    r = state.redis
-    held: list[tuple[str, float]] = await r.zrange(  # type: ignore[assignment]
-        keys.tenant_upload_bytes(tenant), 0, -1, withscores=True)
-    if not held:
-        return 0, 0
-    pipe = r.pipeline(transaction=False)
-    for file_id, _ in held:
-        pipe.exists(keys.file(file_id))
-    alive = await pipe.execute()
-    gone = [f for (f, _), ok in zip(held, alive, strict=True) if not ok]
-    if gone:
-        await r.zrem(keys.tenant_upload_bytes(tenant), *gone)
-    kept = [int(n) for (_, n), ok in zip(held, alive, strict=True) if ok]
-    return len(kept), sum(kept)
+def _check(got: int | Refused, quota: int) -> None:
+    if not isinstance(got, Refused):
+        return
+    if got.reason == "files":
+        raise QuotaExceeded(f"you have {got.held} files, the limit per tenant; delete some "
+                            "first", param="file")
+    if got.reason == "bytes":
+        raise QuotaExceeded(f"your files would exceed {quota} bytes, the limit per tenant "
+                            f"({got.held} stored or being uploaded); delete some first",
+                            param="file")
+    raise RequestTimeout("the upload stalled past its lease and was dropped; send it again",
+                         param="file")
+
+
+async def _abandon(state: AppState, tenant: str, file_id: str) -> None:
+    """Drop what a failed upload wrote; if that fails too, the sweeper does once its lease
+    ends."""
+    try:
+        await state.files.drop(tenant, file_id)
+    except Exception as exc:
+        log.warning("upload %s: cleanup failed (%s); the sweeper will drop it", file_id, exc)
 
 
 def _append(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("ab") as f:
         f.write(data)
-
-
-async def _drop_data(state: AppState, file_id: str) -> None:
-    path = _path(state, file_id)
-    if path is None:
-        await state.redis.delete(keys.file_data(file_id))
-    else:
-        await asyncio.to_thread(path.unlink, True)
 
 
 async def meta(state: AppState, tenant: str, file_id: str) -> dict[str, str]:
@@ -156,10 +164,7 @@ async def listing(state: AppState, tenant: str, purpose: str | None, limit: int,
 
 async def delete(state: AppState, tenant: str, file_id: str) -> dict[str, Any]:
     await meta(state, tenant, file_id)
-    await _drop_data(state, file_id)
-    await state.redis.delete(keys.file(file_id))
-    await state.redis.zrem(keys.tenant_files(tenant), file_id)
-    await state.redis.zrem(keys.tenant_upload_bytes(tenant), file_id)
+    await state.files.drop(tenant, file_id)
     return {"id": file_id, "object": "file", "deleted": True}
 
 

@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 from tokenq.api import models_admin
 from tokenq.api.deps import MetricsDep, StateDep
 from tokenq.shared import keys, schemas
+from tokenq.shared.metrics import ClusterMetrics
 from tokenq.shared.schemas import WorkerHeartbeat
 
 router = APIRouter(tags=["ops"])
@@ -109,13 +110,14 @@ async def metrics_targets(state: StateDep, _who: MetricsDep) -> JSONResponse:
 
 
 @router.get("/metrics")
-async def metrics(state: StateDep) -> Response:
+async def metrics(state: StateDep, _who: MetricsDep) -> Response:
     """The cluster view from Redis (queues, workers) + this process's own metrics. Each
-    worker's engine metrics are on its own port (`metrics_port` in its heartbeat)."""
-    m, now = state.cluster_metrics, time.time()
-    for g in (m.queue_depth, m.queue_oldest_age, m.workers, m.running, m.waiting, m.free_slots,
-              m.kv_cache):
-        g.clear()
+    worker's engine metrics are on its own port (`metrics_port` in its heartbeat).
+
+    Every scrape fills gauges of its own (ClusterMetrics is made per scrape): scrapes that
+    overlap (two Prometheus servers, an HA pair, a person with curl) cannot clear or
+    half-fill each other's view while one awaits Redis."""
+    m, now = ClusterMetrics(), time.time()
     try:
         beats = list((await _live(state)).values())
         for model in state.models:
