@@ -22,7 +22,7 @@ add() {  # tenant [role ...]
   [ "$1" != prometheus ] || printf %s "$key" > "$dir/prometheus_key"
 }
 add ops admin
-add prometheus metrics  # the `metrics` role: /metrics/targets (workers' addresses)
+add prometheus metrics  # the `metrics` role: /metrics and /metrics/targets (workers' addresses)
 for tenant in "$@"; do add "$tenant"; done
 # Bind-mounted as they are into containers that run as other users: readable, and only
 # hashes besides Prometheus' own key.
