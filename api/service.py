@@ -364,7 +364,8 @@ async def _submit(state: AppState, tenant: str, req: JobRequest, idem: Idem | No
         raise QueueFull(f"the queue for {req.model!r} is full ({depth} jobs); retry later",
                         retry_after=max(1, min(60, int(depth) // 100)))
     return JobAccepted(id=job_id, model=req.model, created_at=now,
-                       stream_url=f"/v1/jobs/{job_id}/events"), False
+                       stream_url=f"/v1/jobs/{job_id}/events", position=created.position,
+                       eta_s=created.eta_s), False
 
 
 async def get(state: AppState, tenant: str, job_id: str) -> JobRecord:

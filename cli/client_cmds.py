@@ -21,6 +21,7 @@ from tokenq.client import (
     Client,
     DoneEvent,
     ErrorEvent,
+    QueuedEvent,
     StreamGaveUp,
     TokenEvent,
 )
@@ -66,8 +67,16 @@ def _metadata(pairs: list[str] | None) -> dict[str, str] | None:
     return out
 
 
+def queued_line(ev: QueuedEvent) -> str:
+    """A `queued` event as `tokenq jobs watch` prints it (stderr)."""
+    eta = "unknown" if ev.eta_s is None else f"{ev.eta_s:.1f} s"
+    pos = "?" if ev.position is None else str(ev.position)
+    return f"queued ({ev.reason or 'waiting'}): {pos} jobs ahead, starts in {eta}"
+
+
 def _watch(tq: Client, job_id: str, last_event_id: str | None = None) -> int:
-    """Tokens to stdout as they come (resumed across drops); 0 when the job succeeded."""
+    """Tokens to stdout as they come (resumed across drops), each `queued` update's
+    position and eta to stderr; 0 when the job succeeded."""
     code = 1
     for ev in tq.stream(job_id, last_event_id=last_event_id):
         if isinstance(ev, TokenEvent):
@@ -77,6 +86,8 @@ def _watch(tq: Client, job_id: str, last_event_id: str | None = None) -> int:
             code = 0
         elif isinstance(ev, ErrorEvent):
             typer.echo(f"\nerror: {ev.code}: {ev.message}", err=True)
+        elif isinstance(ev, QueuedEvent):
+            typer.echo(queued_line(ev), err=True)
         elif ev.type == "cancelled":
             typer.echo("\ncancelled", err=True)
     sys.stdout.write("\n")

@@ -34,7 +34,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from tokenq.shared import keys
@@ -79,6 +79,9 @@ class FairShare:
 @dataclass(frozen=True, slots=True)
 class Created:
     depth: int  # jobs ahead of it in its queue
+    # jobs taken before it, seconds until it starts (None: not known): shared/eta.py
+    position: int = field(default=0, compare=False)
+    eta_s: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +268,8 @@ def _created(got: list[Any]) -> CreateResult:
         return Replayed(job_id) if code == 3 else KeyReused(job_id)
     n = int(got[1])
     if code == 1:
-        return Created(n)
+        ms = int(got[3]) if len(got) > 3 else -1
+        return Created(n, int(got[2]) if len(got) > 2 else n, None if ms < 0 else ms / 1000)
     if code == 2:
         return Exists()
     return QueueFull(n) if code == -1 else TenantFull(n)

@@ -226,6 +226,9 @@ class JobAccepted(BaseModel):
     model: str
     created_at: float
     stream_url: str
+    # jobs taken before it and seconds until it starts, estimated (docs/scheduling.md)
+    position: int | None = None
+    eta_s: float | None = None
 
 
 class Usage(BaseModel):
@@ -271,6 +274,11 @@ class JobRecord(BaseModel):
     # with `request` (tools, tool_choice) that is enough to read them back out of `output`.
     tool_format: str | None = None
     request: dict[str, Any]
+    # A queued job: jobs taken before it, seconds until it starts (estimated) and why it
+    # waits (`waiting`; `loading` while its model loads). None once it has started.
+    position: int | None = None
+    eta_s: float | None = None
+    reason: str | None = None
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> JobRecord:

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from tokenq.api import idempotency, joblist, service
+from tokenq.api import idempotency, joblist, queued_updates, service
 from tokenq.api.deps import AppState, StateDep, TenantDep
 from tokenq.api.errors import InvalidRequest, RateLimited
 from tokenq.api.streams import BadCursor, is_valid_id
@@ -48,7 +48,7 @@ async def list_jobs(request: Request, state: StateDep, tenant: TenantDep,
 
 @router.get("/{job_id}", response_model=JobRecord)
 async def get_job(job_id: str, state: StateDep, tenant: TenantDep) -> JobRecord:
-    return await service.get(state, tenant, job_id)
+    return await queued_updates.fill(state, await service.get(state, tenant, job_id))
 
 
 @router.delete("/{job_id}", response_model=JobRecord)
@@ -94,7 +94,8 @@ async def job_events(
     async def gen() -> AsyncIterator[ServerSentEvent]:
         ended = False
         try:
-            async for entry_id, event, data in service.events(state, job_id, after):
+            async for entry_id, event, data in queued_updates.with_updates(
+                    state, job_id, service.events(state, job_id, after)):
                 ended = event in TERMINAL_EVENTS
                 yield ServerSentEvent(id=entry_id, event=event, data=data)
         except BadCursor:

@@ -243,6 +243,24 @@ def fair(
     emit(run_fair(cfg, (lambda _: None) if json_out else typer.echo), json_out)
 
 
+@bench_app.command("eta")
+def eta(
+    jobs: Annotated[int, typer.Option(help="backlog jobs, submitted at once")] = 200,
+    warmup: Annotated[int, typer.Option(help="jobs run first (the pool's pace)")] = 80,
+    tenants: Annotated[int, typer.Option(help="tenants, round-robin")] = 4,
+    runs: Annotated[int, typer.Option(help="runs, each on a fresh stack")] = 3,
+    json_out: Json = False,
+) -> None:
+    """The eta a job gets at enqueue vs its real start, over a backlog (fake engine).
+
+    p90 relative error |eta - wait| / max(wait, 1 s) and the share within 25%, per run
+    and the median of the runs."""
+    from tokenq.cli.bench.eta import EtaConfig, run_eta
+
+    cfg = EtaConfig(jobs=jobs, warmup=warmup, tenants=tenants, runs=runs)
+    emit(run_eta(cfg, (lambda _: None) if json_out else typer.echo), json_out)
+
+
 @bench_app.command("postcall")
 def postcall(
     model: Model = None,

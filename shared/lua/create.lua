@@ -1,14 +1,16 @@
 -- create (api): a job's record, its Celery message and its `queued` event in one step, or
 -- a refusal when the model's queue or the tenant's queued jobs are at their limit.
--- Returns {code, n}: 1 created (n: queue depth before it), 2 already there (batch lines
--- are created idempotently), -1 queue full (n: depth), -2 tenant full (n: its queued jobs),
--- 3 the Idempotency-Key's job, same body (n: its id), 4 its job, another body (n: its id).
+-- Returns {code, n}: 1 created (n: queue depth before it; then its position and eta in
+-- ms, -1 unknown: eta.lua; both on its `queued` event too, reason `waiting`), 2 already
+-- there (batch lines are created idempotently), -1 queue full (n: depth), -2 tenant full
+-- (n: its queued jobs), 3 the Idempotency-Key's job, same body (n: its id), 4 its job, another body (n: its id).
 -- With an Idempotency-Key (KEYS[7], its record "{id}|{body sha256}"): a key whose job still
 -- exists answers 3 or 4 and creates nothing; otherwise the record is set in the same step
 -- as the job, so a retry can never make a second job.
 -- The message is a ticket (one job of this lane is ready); the job's id joins its tenant's
 -- list in the lane, and the tenant the lane's backlogged (fair.lua: pick.lua takes it).
 --#include fair
+--#include eta
 local job_key, events_key, queue_key = KEYS[1], KEYS[2], KEYS[3]
 local tenant_jobs, tenant_queued, queued_index = KEYS[4], KEYS[5], KEYS[6]
 local tenants_key, list_key, share_key, idem_key = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
@@ -46,8 +48,10 @@ if fields['weight'] then
 end
 enter(tenants_key, tenant, share_key, tonumber(now), half_s, fifo, now)
 redis.pcall('PUBLISH', queue_key, '')  -- news for the model's preemptors (workers/preempt.py)
+local est = estimate(lane, tenant, redis.call('LLEN', list_key) - 1, tonumber(now),
+                     tonumber(fields['est_tokens']) or 0, tonumber(now), half_s, fifo)
 redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'e', 'queued',
-           'd', cjson.encode({position = depth}))
+           'd', cjson.encode({position = est[1], eta_s = est[2], reason = 'waiting'}))
 redis.pcall('PUBLISH', events_key, '')  -- a hint for the API's readers (terminal.lua)
 redis.call('ZADD', tenant_jobs, now, fields['id'])
 redis.call('ZADD', tenant_queued, now, fields['id'])
@@ -58,4 +62,4 @@ end
 if idem_key then
   redis.call('SET', idem_key, fields['id'] .. '|' .. body_sha, 'EX', idem_ttl)
 end
-return {1, depth}
+return {1, depth, est[1], est[2] and math.floor(est[2] * 1000 + 0.5) or -1}

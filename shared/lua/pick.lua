@@ -2,7 +2,8 @@
 -- backlogged tenant with the lowest score (fair: least weighted decayed service; FIFO:
 -- oldest waiting job) gives its oldest job id; that job is leased as acquire.lua leases
 -- a delivered one, its tenant charged its estimate (`est_tokens`: prompt + max_tokens,
--- corrected by finish.lua) and re-scored, or taken out of the lane when its list is empty.
+-- corrected by finish.lua) and re-scored, or taken out of the lane when its list is empty;
+-- the pool's pace is noted (eta.lua).
 -- Ids whose job is no longer queued (cancelled, expired, taken by a job-bound message)
 -- are skipped, at most MAX_SKIP per step. Returns {'ok', job id, attempt, spec,
 -- cancel_requested}; {reason, job id} when the job was not run (acquire.lua's reasons);
@@ -11,6 +12,7 @@
 --#include terminal
 --#include leasing
 --#include fair
+--#include eta
 local tenants_key, running_key = KEYS[1], KEYS[2]
 local lane, worker, lease_ms, max_attempts = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local now, maxlen, default_ttl = ARGV[5], ARGV[6], ARGV[7]
@@ -38,6 +40,7 @@ for _ = 1, MAX_SKIP do
       score = charge('@SHARE_PREFIX@' .. tenant, est, t_now, half_s)
     end
     rescore(tenants_key, tenant, list_key, score, fifo)
+    if got[1] == 'ok' then note_take(lane, t_now) end
     if got[1] ~= 'ok' then return {got[1], job_id} end
     return {'ok', job_id, got[2], got[3], got[4]}
   end

@@ -87,11 +87,13 @@ def events(r: redis.Redis) -> list[str]:
 
 
 def test_create_writes_record_message_and_queued_event(r: redis.Redis) -> None:
-    assert create(r) == Created(0)
+    got = create(r)
+    assert got == Created(0) and (got.position, got.eta_s) == (0, 0)  # idle pool: at once
     assert r.hget(keys.job(JOB), "state") == "queued"
     assert r.lrange("q", 0, -1) == [MSG]
     assert events(r) == ["queued"]
-    assert json.loads(r.xrange(keys.job_events(JOB))[0][1]["d"]) == {"position": 0}
+    assert json.loads(r.xrange(keys.job_events(JOB))[0][1]["d"]) == {
+        "position": 0, "eta_s": 0, "reason": "waiting"}
 
 
 def test_create_refuses_when_queue_full(r: redis.Redis) -> None:

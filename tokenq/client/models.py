@@ -26,7 +26,11 @@ class _Event(BaseModel):
 
 class QueuedEvent(_Event):
     type: Literal["queued"] = "queued"
+    # jobs taken before it, seconds until it starts (estimated; None: not known yet) and
+    # why it waits ("waiting", or "loading" while its model loads); re-sent as they change
     position: int | None = None
+    eta_s: float | None = None
+    reason: str | None = None
 
 
 class StartedEvent(_Event):
@@ -113,6 +117,10 @@ class Job(BaseModel):
     usage: Usage | None = None
     error: JobError | None = None
     metadata: dict[str, str] | None = None
+    # while queued: jobs taken before it, seconds until it starts (estimated), why it waits
+    position: int | None = None
+    eta_s: float | None = None
+    reason: str | None = None
 
     @property
     def done(self) -> bool:

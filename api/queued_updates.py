@@ -1,0 +1,77 @@
+"""A queued job's position and eta, live (docs/scheduling.md, "Position and ETA"): GET
+/v1/jobs/{id} fills them in, and an SSE stream re-sends a `queued` event (without an id:
+it is not in the job's stream, so Last-Event-ID resumes are unchanged) when they moved by
+more than a step (shared/eta.py Estimate.moved), at most once a second, while the job
+waits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+from tokenq.api.deps import AppState
+from tokenq.shared import eta
+from tokenq.shared.jobs import dumps
+from tokenq.shared.schemas import JobRecord
+from tokenq.shared.store import fair_share
+
+Entry = tuple[str | None, str, str]  # (entry id or None, event, data)
+
+
+async def fill(state: AppState, rec: JobRecord) -> JobRecord:
+    """A queued job's record with its estimate."""
+    if rec.status == "queued":
+        est = await eta.estimate(state.redis, rec.id, fair_share(state.settings))
+        if est is not None:
+            rec.position, rec.eta_s, rec.reason = est.position, est.eta_s, est.reason
+    return rec
+
+
+async def with_updates(state: AppState, job_id: str, events: AsyncIterator[Entry],
+                       every_s: float = eta.UPDATE_EVERY_S) -> AsyncIterator[Entry]:
+    """`events`, with `queued` updates between them while the job waits."""
+    last: eta.Estimate | None = None
+    waiting = True  # until an event says it started (a preempted job waits again)
+    reason = "waiting"
+    it = aiter(events)
+    nxt: asyncio.Task[Any] | None = None
+    try:
+        while True:
+            if nxt is None:
+                nxt = asyncio.ensure_future(anext(it))
+            done, _ = await asyncio.wait({nxt}, timeout=every_s if waiting else None)
+            if not done:
+                est = await eta.estimate(state.redis, job_id, fair_share(state.settings))
+                if est is None:
+                    waiting = False
+                    continue
+                est = replace(est, reason=reason)  # a `loading` wait stays `loading`
+                if est.moved(last):
+                    last = est
+                    yield None, "queued", dumps(est.data())
+                continue
+            try:
+                entry = nxt.result()
+            except StopAsyncIteration:
+                return
+            nxt = None
+            _, event, data = entry
+            waiting = event == "queued"
+            if waiting:
+                last = _parsed(data) or last
+                reason = last.reason if last is not None else reason
+            yield entry
+    finally:
+        if nxt is not None and not nxt.done():
+            nxt.cancel()
+
+
+def _parsed(data: str) -> eta.Estimate | None:
+    try:
+        d = json.loads(data)
+    except ValueError:
+        return None
+    return eta.of_event(d) if isinstance(d, dict) else None

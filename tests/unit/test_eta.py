@@ -1,0 +1,111 @@
+"""A waiting job's position and eta (shared/lua/eta.lua): at enqueue (create.lua) and on
+demand (position.lua), checked against the order the lane's takes (pick.lua) really
+follow, under fair share and FIFO."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from tests.unit.test_fair_share import SPEC, TICKET, Q, store, take
+from tokenq.shared import keys
+from tokenq.shared.eta import Estimate, estimate_sync
+from tokenq.shared.jobs import Created
+from tokenq.shared.store import JobStore, fair_share
+
+
+def submit(s: JobStore, tenant: str, *, weight: float = 1.0, est: int = 100,
+           queue: str = Q) -> tuple[str, Created]:
+    job_id = f"{tenant}-{s.r.incr(f'test:seq:{tenant}') - 1}"
+    fields = {"id": job_id, "owner": tenant, "model": "m", "state": "queued",
+              "attempts": "0", "created_at": repr(time.time()), "spec": SPEC,
+              "request": "{}", "weight": repr(weight), "est_tokens": str(est),
+              "prompt_tokens": "5"}
+    got = s.create(job_id, fields, tenant=tenant, queue=queue, message=TICKET)
+    assert isinstance(got, Created), got
+    return job_id, got
+
+
+def now_positions(s: JobStore, ids: list[str]) -> dict[str, int]:
+    out = {}
+    for j in ids:
+        est = estimate_sync(s.r, j, fair_share(s.s))
+        assert est is not None
+        out[j] = est.position
+    return out
+
+
+@pytest.mark.parametrize("fair", [True, False])
+def test_positions_at_enqueue_and_now_are_the_take_order(r: redis.Redis, fair: bool) -> None:
+    s = store(r, fair=fair)
+    # a heavy tenant with a backlog, light ones arriving among it, one of weight 2
+    plan = ["a"] * 12 + ["b", "a", "c", "b", "a", "c", "c", "b"] + ["d"] * 3
+    at_enqueue = {}
+    for t in plan:
+        j, got = submit(s, t, weight=2.0 if t == "d" else 1.0)
+        at_enqueue[j] = got.position
+    ids = list(at_enqueue)
+    now = now_positions(s, ids)
+    order = take(s, len(ids))
+    # now: exactly the jobs taken before each
+    assert now == {j: i for i, j in enumerate(order)}
+    # at enqueue: jobs created later can still go before it under fair share, never under FIFO
+    if not fair:
+        assert at_enqueue == {j: i for i, j in enumerate(order)}
+    else:
+        for j, pos in at_enqueue.items():
+            before = {x for x in order[:order.index(j)] if ids.index(x) < ids.index(j)}
+            assert pos == len(before), (j, pos, before)
+
+
+def test_positions_shrink_as_jobs_are_taken(r: redis.Redis) -> None:
+    s = store(r)
+    ids = [submit(s, t)[0] for t in ["a", "a", "b", "a", "b"]]
+    first = now_positions(s, ids)
+    taken = take(s, 2)
+    later = now_positions(s, [j for j in ids if j not in taken])
+    assert all(later[j] == first[j] - 2 for j in later)
+    assert estimate_sync(r, taken[0], fair_share(s.s)) is None  # not queued: no estimate
+
+
+def test_higher_lanes_waiting_jobs_count(r: redis.Redis) -> None:
+    s = store(r)
+    submit(s, "a", queue=keys.queue("m", "high"))
+    submit(s, "b", queue=keys.queue("m", "high"))
+    _, got = submit(s, "c", queue=keys.queue("m", "low"))
+    assert got.position == 2
+    _, got = submit(s, "c", queue=keys.queue("m", "high"))
+    assert got.position == 2  # its lane only: the low one waits behind it
+
+
+def test_eta_is_position_times_the_pools_pace(r: redis.Redis) -> None:
+    s = store(r)
+    j, got = submit(s, "a")
+    assert got.position == 0 and got.eta_s == 0  # an idle pool: it starts at once
+    submit(s, "a")
+    _, got = submit(s, "a")
+    assert got.eta_s is None  # no pace measured yet
+    take(s, 1)  # work still waits: the next take's gap is the pool's pace
+    time.sleep(0.2)
+    take(s, 1)
+    ids = [submit(s, "a")[0] for _ in range(3)]
+    gaps = r.lrange(keys.lane(Q).rsplit(":", 1)[0] + ":gaps", 0, -1)
+    assert len(gaps) == 1
+    gap = float(gaps[0])
+    assert 0.15 < gap < 1.0
+    for i, j in enumerate(ids):
+        est = estimate_sync(r, j, fair_share(s.s))
+        assert est is not None and est.eta_s is not None
+        assert est.eta_s == pytest.approx((est.position + 0.5) * gap, abs=0.002)
+        assert est.position == i + 1
+
+
+def test_a_step_is_a_tenth_at_least_one() -> None:
+    assert not Estimate(10, 5.0).moved(Estimate(10, 5.5))
+    assert Estimate(9, 5.0).moved(Estimate(10, 5.0))
+    assert not Estimate(95, 50.0).moved(Estimate(100, 52.0))
+    assert Estimate(89, 50.0).moved(Estimate(100, 50.0))
+    assert Estimate(10, 3.0).moved(Estimate(10, 5.0))
+    assert Estimate(10, None).moved(Estimate(10, 5.0))
