@@ -4,6 +4,7 @@ re-sends `queued` updates (no id, at most once a second) until it starts."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import httpx
 import pytest
 
 from tests.faults.harness import FAKE, fake_stack, redis_of, wait_terminal
+from tokenq.client import Client, QueuedEvent
 from tokenq.client.sse import RawEvent, stream_events
 
 pytestmark = pytest.mark.timeout(300)
@@ -40,6 +42,14 @@ def test_position_shrinks_and_the_stream_resends_queued(tmp_path: Path) -> None:
 
         t = threading.Thread(target=watch, daemon=True)
         t.start()
+        # the Python client: the job object and the stream iterator carry them too
+        tq = Client(st.url, api_key="k-a")
+        mid = accepted[JOBS // 2]["id"]
+        job = tq.get(mid)
+        assert job.status != "queued" or (job.position is not None and job.reason == "waiting")
+        first = next(iter(tq.stream(last["id"])))
+        assert isinstance(first, QueuedEvent) and first.position == last["position"]
+        assert first.reason == "waiting"
         positions: list[int] = []
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -63,7 +73,7 @@ def test_position_shrinks_and_the_stream_resends_queued(tmp_path: Path) -> None:
         assert len(updates) >= 3, [ev for _, ev in seen if ev.event == "queued"]
         pos = [ev.data["position"] for _, ev in updates]
         assert pos == sorted(pos, reverse=True) and len(set(pos)) == len(pos), pos
-        gaps = [b - a for (a, _), (b, _) in zip(updates, updates[1:], strict=False)]
+        gaps = [b - a for (a, _), (b, _) in itertools.pairwise(updates)]
         assert min(gaps) > 0.8, gaps  # at most once a second (client-side timing)
         assert all(ev.data.get("eta_s") is not None for _, ev in updates[1:]), updates
         assert all(ev.event != "queued" or ev.id is not None

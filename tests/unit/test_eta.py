@@ -109,3 +109,19 @@ def test_a_step_is_a_tenth_at_least_one() -> None:
     assert Estimate(89, 50.0).moved(Estimate(100, 50.0))
     assert Estimate(10, 3.0).moved(Estimate(10, 5.0))
     assert Estimate(10, None).moved(Estimate(10, 5.0))
+
+
+def test_the_client_and_cli_read_them() -> None:
+    from tokenq.cli.client_cmds import queued_line
+    from tokenq.client.models import Job, QueuedEvent, parse_event
+
+    ev = parse_event(None, "queued", {"position": 12, "eta_s": 3.25, "reason": "waiting"})
+    assert isinstance(ev, QueuedEvent) and (ev.position, ev.eta_s, ev.reason) == (
+        12, 3.25, "waiting")
+    assert queued_line(ev) == "queued (waiting): 12 jobs ahead, starts in 3.2 s"
+    unknown = parse_event("1-0", "queued", {"position": 3, "reason": "loading"})
+    assert isinstance(unknown, QueuedEvent)
+    assert queued_line(unknown) == "queued (loading): 3 jobs ahead, starts in unknown"
+    job = Job.model_validate({"id": "j", "status": "queued", "model": "m", "created_at": 1.0,
+                              "position": 4, "eta_s": 1.5, "reason": "waiting"})
+    assert (job.position, job.eta_s, job.reason) == (4, 1.5, "waiting")
