@@ -60,18 +60,19 @@ async def with_updates(state: AppState, job_id: str, events: AsyncIterator[Entry
             nxt = None
             _, event, data = entry
             waiting = event == "queued"
-            if waiting:
-                last = _parsed(data) or last
-                reason = last.reason if last is not None else reason
+            if waiting:  # (a `loading` event may carry no position: its reason counts)
+                d = _parsed(data)
+                reason = str(d.get("reason", reason))
+                last = eta.of_event(d) or last
             yield entry
     finally:
         if nxt is not None and not nxt.done():
             nxt.cancel()
 
 
-def _parsed(data: str) -> eta.Estimate | None:
+def _parsed(data: str) -> dict[str, Any]:
     try:
         d = json.loads(data)
     except ValueError:
-        return None
-    return eta.of_event(d) if isinstance(d, dict) else None
+        return {}
+    return d if isinstance(d, dict) else {}

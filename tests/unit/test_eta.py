@@ -4,6 +4,7 @@ follow, under fair share and FIFO."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -125,3 +126,38 @@ def test_the_client_and_cli_read_them() -> None:
     job = Job.model_validate({"id": "j", "status": "queued", "model": "m", "created_at": 1.0,
                               "position": 4, "eta_s": 1.5, "reason": "waiting"})
     assert (job.position, job.eta_s, job.reason) == (4, 1.5, "waiting")
+
+
+def test_the_stream_resends_queued_with_the_waits_reason(r: redis.Redis) -> None:
+    import asyncio
+    from collections.abc import AsyncIterator
+    from types import SimpleNamespace
+
+    import redis.asyncio as aioredis
+
+    from tokenq.api.queued_updates import with_updates
+
+    s = store(r)
+    for _ in range(3):
+        submit(s, "a")
+    job, _ = submit(s, "a")
+
+    async def stream() -> AsyncIterator[tuple[str, str, str]]:
+        yield "1-0", "queued", '{"reason": "loading"}'  # the catalogue's: no position
+        await asyncio.sleep(30)
+
+    async def run() -> list[tuple[str | None, str, str]]:
+        port = r.connection_pool.connection_kwargs["port"]
+        state = SimpleNamespace(redis=aioredis.Redis(port=port, db=15), settings=s.s)
+        got = []
+        async for entry in with_updates(state, job, stream(), every_s=0.05):  # type: ignore[arg-type]
+            got.append(entry)
+            if len(got) == 2:
+                break
+        await state.redis.aclose()
+        return got
+
+    got = asyncio.run(asyncio.wait_for(run(), 10))
+    assert got[0] == ("1-0", "queued", '{"reason": "loading"}')
+    assert got[1][0] is None and got[1][1] == "queued"
+    assert json.loads(got[1][2]) == {"position": 3, "reason": "loading"}  # no pace yet
