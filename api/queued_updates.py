@@ -14,6 +14,7 @@ from typing import Any
 
 from tokenq.api.deps import AppState
 from tokenq.shared import eta
+from tokenq.shared.catalogue import CATALOGUE, CatalogueEntry
 from tokenq.shared.jobs import dumps
 from tokenq.shared.schemas import JobRecord
 from tokenq.shared.store import fair_share
@@ -22,12 +23,25 @@ Entry = tuple[str | None, str, str]  # (entry id or None, event, data)
 
 
 async def fill(state: AppState, rec: JobRecord) -> JobRecord:
-    """A queued job's record with its estimate."""
+    """A queued job's record with its estimate; its reason `loading` while a worker loads
+    its model (the catalogue entry's `loading_since`, as its `queued` events say)."""
     if rec.status == "queued":
         est = await eta.estimate(state.redis, rec.id, fair_share(state.settings))
         if est is not None:
             rec.position, rec.eta_s, rec.reason = est.position, est.eta_s, est.reason
+            if await _loading(state, rec.model):
+                rec.reason = "loading"
     return rec
+
+
+async def _loading(state: AppState, model: str) -> bool:
+    raw = await state.redis.hget(CATALOGUE, model)
+    if not raw:
+        return False
+    try:
+        return CatalogueEntry.model_validate_json(raw).state(0) == "loading"
+    except ValueError:
+        return False
 
 
 async def with_updates(state: AppState, job_id: str, events: AsyncIterator[Entry],

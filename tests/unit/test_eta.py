@@ -161,3 +161,39 @@ def test_the_stream_resends_queued_with_the_waits_reason(r: redis.Redis) -> None
     assert got[0] == ("1-0", "queued", '{"reason": "loading"}')
     assert got[1][0] is None and got[1][1] == "queued"
     assert json.loads(got[1][2]) == {"position": 3, "reason": "loading"}  # no pace yet
+
+
+def test_get_says_loading_while_the_catalogue_loads_its_model(r: redis.Redis) -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    import redis.asyncio as aioredis
+
+    from tokenq.api.queued_updates import fill
+    from tokenq.shared.catalogue import CATALOGUE, CatalogueEntry
+    from tokenq.shared.schemas import JobRecord
+    from tokenq.shared.settings import ModelConfig
+
+    s = store(r)
+    submit(s, "a")
+    job, _ = submit(s, "a")
+
+    def reason() -> tuple[str | None, int | None]:
+        async def run() -> JobRecord:
+            port = r.connection_pool.connection_kwargs["port"]
+            state = SimpleNamespace(redis=aioredis.Redis(port=port, db=15), settings=s.s)
+            rec = JobRecord.from_hash(r.hgetall(keys.job(job)))  # type: ignore[arg-type]
+            try:
+                return await fill(state, rec)  # type: ignore[arg-type]
+            finally:
+                await state.redis.aclose()
+        rec = asyncio.run(run())
+        return rec.reason, rec.position
+
+    assert reason() == ("waiting", 1)
+    entry = CatalogueEntry(name="m", spec=ModelConfig(backend="fake"), request={},
+                           loading_since=time.time())
+    r.hset(CATALOGUE, "m", entry.model_dump_json())
+    assert reason() == ("loading", 1)
+    r.hset(CATALOGUE, "m", entry.model_copy(update={"loading_since": None}).model_dump_json())
+    assert reason() == ("waiting", 1)
