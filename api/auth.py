@@ -63,7 +63,6 @@ class Principal:
     admin: bool = False
     high: bool = False  # may use `priority: high`
     metrics: bool = False  # may read /metrics and /metrics/targets (workers' addresses)
-
     weight: float = 1.0  # fair share between tenants (docs/scheduling.md): `weight=N`
 
     @classmethod

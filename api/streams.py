@@ -128,13 +128,18 @@ async def resume_point(r: aioredis.Redis, key: str, after: str) -> str | None:
 
 
 def hub_client(settings: Settings, block_ms: int) -> aioredis.Redis:
-    """The hub's own client. Its socket timeout is BLOCK plus a margin: an idle XREAD then
+    """The hub's own client. With stream announcements (stream_notify, the default) its
+    XREADs never BLOCK, so it has every client's socket timeout (redis_socket_timeout_s):
+    a primary cut off the network is left within that, and the streams resume on the
+    promoted one. Without them, its timeout is BLOCK plus a margin: an idle XREAD then
     ends with Redis' empty reply at BLOCK, never a client-side "Timeout reading" that
     drops the connection (and, retried, logs every few seconds); a dead server is still
     noticed within BLOCK + margin."""
+    timeout = settings.redis_socket_timeout_s if settings.api.stream_notify \
+        else block_ms / 1000 + HUB_TIMEOUT_MARGIN_S
     return async_client(
         settings, decode_responses=True, max_connections=16, health_check_interval=30,
-        socket_timeout=block_ms / 1000 + HUB_TIMEOUT_MARGIN_S, socket_connect_timeout=5,
+        socket_timeout=timeout, socket_connect_timeout=settings.redis_connect_timeout_s,
         retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
         retry_on_error=[RedisConnectionError])
 

@@ -145,10 +145,20 @@ class Publisher:
         with self._lock:
             self._dropped.add((job_id, attempt))
 
-    def untrack(self, job_id: str) -> None:
+    def untrack(self, job_id: str, attempt: int) -> None:
+        """Stop following the job's `attempt`; a newer attempt this worker took meanwhile
+        (a takeover of its own fenced-off attempt) stays followed."""
         with self._lock:
-            self._handles.pop(job_id, None)
+            handle = self._handles.get(job_id)
+            if handle is None or handle.attempt != attempt:
+                return
+            del self._handles[job_id]
         self._cancelled.discard(job_id)
+
+    def current(self, job_id: str) -> JobHandle | None:
+        """The handle of the job's attempt this worker follows now (the newest)."""
+        with self._lock:
+            return self._handles.get(job_id)
 
     def tracked(self) -> list[JobHandle]:
         with self._lock:

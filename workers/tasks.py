@@ -111,7 +111,7 @@ def _run_job(rt: WorkerRuntime, job_id: str,
         return outcome
     finally:
         rt.cancels.unwatch(job_id, got.attempt)
-        rt.publisher.untrack(job_id)
+        rt.publisher.untrack(job_id, got.attempt)
 
 
 def submit(rt: WorkerRuntime, job_id: str, got: Acquired) -> JobHandle:
@@ -131,7 +131,7 @@ def submit(rt: WorkerRuntime, job_id: str, got: Acquired) -> JobHandle:
             adapter=spec.adapter, urgent=priority == "high",
             background=priority == "low"))
     except BaseException:
-        rt.publisher.untrack(job_id)
+        rt.publisher.untrack(job_id, got.attempt)
         raise
     return handle
 

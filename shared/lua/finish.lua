@@ -29,6 +29,14 @@ local n = tonumber(redis.call('HGET', job_key, 'n_tokens') or '0')
 if redis.call('HGET', job_key, 'attempts') ~= attempt then return {0, n} end
 if redis.call('HGET', job_key, 'state') ~= 'running' then return {0, n} end
 if tokens ~= '' and n < tonumber(tokens) then return {2, n} end
+-- An attempt ends `cancelled` only when someone asked (cancel.lua: cancel_requested). A
+-- cancel the engine applied to this attempt though it was meant for an older one of the
+-- same job (fenced off while the worker had already taken the job again) must not end the
+-- job: the attempt lets go of its lease instead, and a takeover continues the job.
+if state == 'cancelled' and redis.call('HGET', job_key, 'cancel_requested') ~= '1' then
+  redis.call('DEL', lease_key)
+  return {0, n}
+end
 local fields = cjson.decode(fields_json)
 redis.call('DEL', lease_key)
 end_job(job_key, events_key, running_key, state, fields, event, data,

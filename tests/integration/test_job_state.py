@@ -383,3 +383,25 @@ def test_a_step_is_one_round_trip_and_survives_redis_forgetting_its_scripts(
     assert [f["e"] for _, f in r.xrange(keys.job_events(JOB))] == [
         "queued", "started", "token", "token", "token", "done"]
     assert r.hget(keys.job(JOB), "n_tokens") == "3"
+
+
+def test_an_attempt_ends_cancelled_only_when_a_cancel_was_requested(r: redis.Redis) -> None:
+    """The engine cancels by job: a cancel meant for a fenced-off attempt can hit the newer
+    attempt the same worker took meanwhile (seen in the cluster suite's failover: a batch
+    line ended `cancelled` that nobody cancelled). Its `cancelled` ending lets go of the
+    lease instead, and a takeover continues the job."""
+    create(r)
+    assert attempt_of(acquire(r, "w1")) == 1
+    assert append(r, 1, ("a", 1, 0)) is Appended.WRITTEN
+    assert finish(r, 1, state="cancelled", event="cancelled") is False
+    assert r.hget(keys.job(JOB), "state") == "running"
+    assert not r.exists(keys.job_lease(JOB))  # let go: the reconciler re-enqueues it
+    assert attempt_of(acquire(r, "w1")) == 2
+    assert finish(r, 2) is True
+    assert r.hget(keys.job(JOB), "state") == "succeeded"
+    r.flushdb()
+    create(r)
+    assert attempt_of(acquire(r, "w1")) == 1
+    assert cancel(r) is Cancelled.REQUESTED  # asked for: it ends cancelled
+    assert finish(r, 1, state="cancelled", event="cancelled") is True
+    assert r.hget(keys.job(JOB), "state") == "cancelled"

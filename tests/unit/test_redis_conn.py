@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 import redis.asyncio.sentinel as asentinel
 import redis.sentinel
 
+from tokenq.api.streams import HUB_TIMEOUT_MARGIN_S, hub_client
 from tokenq.cli.stack import Stack
 from tokenq.shared.celery_app import create_celery
 from tokenq.shared.redis_conn import (
@@ -25,6 +26,7 @@ from tokenq.shared.redis_conn import (
 )
 from tokenq.shared.settings import Settings, SettingsProblem
 from tokenq.shared.settings_load import load_settings
+from tokenq.shared.settings_roles import ApiSettings
 
 
 @pytest.fixture(autouse=True)
@@ -202,3 +204,16 @@ def test_without_hiredis_async_clients_pack_as_redis_py_does(
     monkeypatch.setattr(redis_conn, "hiredis", None)
     c = async_client(Settings(redis_url="redis://127.0.0.1:1/0"))
     assert c.connection_pool.connection_class is aioredis.Connection
+
+
+def test_the_stream_hub_leaves_a_silent_primary_within_the_socket_timeout() -> None:
+    """With stream announcements the hub's XREADs never BLOCK: it has every client's socket
+    timeout, so streams move to a promoted primary within it (the partition scenario of the
+    cluster suite); without them, BLOCK plus a margin (an idle XREAD is no timeout)."""
+    s = Settings(redis_url="redis://127.0.0.1:1/0")
+    kw = hub_client(s, 5000).connection_pool.connection_kwargs
+    assert kw["socket_timeout"] == s.redis_socket_timeout_s
+    assert kw["socket_connect_timeout"] == s.redis_connect_timeout_s
+    blocking = Settings(redis_url="redis://127.0.0.1:1/0", api=ApiSettings(stream_notify=False))
+    kw = hub_client(blocking, 5000).connection_pool.connection_kwargs
+    assert kw["socket_timeout"] == 5.0 + HUB_TIMEOUT_MARGIN_S
