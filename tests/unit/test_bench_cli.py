@@ -35,6 +35,7 @@ SUBCOMMANDS = {
              "--workers", "--apis", "--json"},
     "postcall": {"--model", "--calls", "--max-tokens", "--seed", "--runs", "--peers",
                  "--no-peers", "--json"},
+    "eta": {"--jobs", "--warmup", "--tenants", "--runs", "--json"},
 }
 
 
