@@ -11,9 +11,9 @@ import pytest
 import redis
 
 from tests.unit.test_fair_share import SPEC, TICKET, Q, store, take
-from tokenq.shared import keys
+from tokenq.shared import jobs, keys
 from tokenq.shared.eta import Estimate, estimate_sync
-from tokenq.shared.jobs import Created
+from tokenq.shared.jobs import Acquired, Created, Picked
 from tokenq.shared.store import JobStore, fair_share
 
 
@@ -81,6 +81,15 @@ def test_higher_lanes_waiting_jobs_count(r: redis.Redis) -> None:
     assert got.position == 2  # its lane only: the low one waits behind it
 
 
+def take_at(s: JobStore, now: float) -> None:
+    """One ticket's take (pick.lua) as a worker would make it at time `now`."""
+    w = s.s.worker
+    got = s._run(jobs.pick(Q, worker="w1", lease_ms=int(w.lease_ttl_s * 1000),
+                           max_attempts=w.max_attempts, now=now, maxlen=s.s.stream_maxlen,
+                           ttl=s.s.result_ttl_s, fair=fair_share(s.s)))
+    assert isinstance(got, Picked) and isinstance(got.result, Acquired), got
+
+
 def test_eta_is_position_times_the_pools_pace(r: redis.Redis) -> None:
     s = store(r)
     j, got = submit(s, "a")
@@ -88,9 +97,9 @@ def test_eta_is_position_times_the_pools_pace(r: redis.Redis) -> None:
     submit(s, "a")
     _, got = submit(s, "a")
     assert got.eta_s is None  # no pace measured yet
-    take(s, 1)  # work still waits: the next take's gap is the pool's pace
-    time.sleep(0.2)
-    take(s, 1)
+    t0 = time.time()  # two takes 0.2 s apart on the scripts' clock (no sleep)
+    take_at(s, t0)  # work still waits: the next take's gap is the pool's pace
+    take_at(s, t0 + 0.2)
     ids = [submit(s, "a")[0] for _ in range(3)]
     gaps = r.lrange(keys.lane(Q).rsplit(":", 1)[0] + ":gaps", 0, -1)
     assert len(gaps) == 1
