@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import redis
 
+from tokenq.cli.bench.fair import quantile
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
 from tokenq.shared.redis_server import free_port
@@ -44,11 +45,6 @@ class EtaConfig:
     token_rate: float = 64.0  # the fake engine's tokens/s per job
     max_tokens: int = 32
     runs: int = 3
-
-
-def quantile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))] if s else 0.0
 
 
 async def submit_all(url: str, keys_of: list[str], n: int, max_tokens: int

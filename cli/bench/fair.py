@@ -72,9 +72,10 @@ def water_fill(demand: dict[str, float], capacity: float) -> dict[str, float]:
     return alloc
 
 
-def p95(xs: list[float]) -> float:
+def quantile(xs: list[float], q: float) -> float:
+    """The nearest-rank `q` quantile (0 for none)."""
     s = sorted(xs)
-    return s[min(len(s) - 1, int(0.95 * len(s)))] if s else 0.0
+    return s[min(len(s) - 1, int(q * len(s)))] if s else 0.0
 
 
 def figures(jobs: list[dict[str, Any]], t0: float, t1: float, window_s: float,
@@ -100,7 +101,7 @@ def figures(jobs: list[dict[str, Any]], t0: float, t1: float, window_s: float,
     waits = [j["started"] - j["created"] for j in jobs
              if j["owner"] in light and j["started"] and j["created"] >= t0]
     return {"jain": indexes, "jain_min": min(indexes) if indexes else None,
-            "light_wait_p95_s": p95(waits), "light_jobs": len(waits)}
+            "light_wait_p95_s": quantile(waits, 0.95), "light_jobs": len(waits)}
 
 
 async def load(urls: list[str], keys_of: dict[str, str], rates: dict[str, float],
