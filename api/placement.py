@@ -1,0 +1,209 @@
+"""Placement: which pool of a model a new job waits in (docs/scheduling.md, "Placement").
+
+A model may be served by several pools at once (ModelConfig.pools: vLLM on GPUs beside
+llama.cpp on CPUs, say), each with its own lanes (`tokenq.{model}@{pool}.{priority}`). At
+submit, for each pool with a live worker, the job's finish is estimated from the pool's
+load and its workers' measured pace (heartbeats; workers/pace.py):
+
+    wait   = 0 while the pool has a free slot; else the jobs ahead of it beyond the
+             slots (running + waiting at its priority or higher - slots + 1) x the
+             pool's mean job time / its slots
+    first  = wait + prompt tokens / the pool's prompt rate
+    finish = first + (max_tokens - 1) / one stream's decode rate
+
+The job goes to the earliest finish, or to the pool the request pins (`backend`: a pool's
+name or its backend). With `ttft_budget_ms`, a pool whose `first` is later is no
+candidate, and none left is a 503 `budget_unreachable` with Retry-After. A pool whose pace
+is not measured yet is taken at the mean pace of those measured (so it gets work and is
+measured); with none measured, every pool alike. A job never moves once placed.
+
+Known limits: `running` is as of each worker's last heartbeat (a burst placed within one
+heartbeat sees the waiting jobs grow, not the slots fill); the estimate uses the job's
+`max_tokens`, not what it will write.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from tokenq.api.deps import AppState
+from tokenq.api.errors import BudgetUnreachable, InvalidRequest
+from tokenq.shared import keys
+from tokenq.shared.lua_scripts import Scripts
+from tokenq.shared.model_config import ModelConfig, pool_id
+from tokenq.shared.schemas import Pace, WorkerHeartbeat, live_workers
+from tokenq.shared.weights import select_backend
+
+# The pace of a pool nobody has measured, where no pool has been: all pools alike.
+PRIOR = Pace(jobs=0, job_s=1.0, first_token_s=0.05, decode_tps=20.0, prompt_tps=1000.0)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolLoad:
+    """One pool of a model as placement sees it."""
+
+    name: str  # the pool's name ('' for a model's one pool)
+    backend: str
+    workers: int  # live workers
+    slots: int
+    busy: int  # running + waiting at the job's priority or higher
+    pace: Pace | None  # its workers' (weighted by jobs measured)
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    pool: str
+    first_s: float
+    finish_s: float
+
+
+def pins(cfg: ModelConfig) -> dict[str, str]:
+    """What a request's `backend` may name for this model -> the pool it pins ('' for a
+    model's one pool): each pool's name and each backend that only one pool has."""
+    if not cfg.pools:
+        return {select_backend(cfg): ""}
+    backends = {n: select_backend(cfg.pool(n)) for n in cfg.pools}
+    out = {b: n for n, b in backends.items() if list(backends.values()).count(b) == 1}
+    return {**out, **{n: n for n in cfg.pools}}
+
+
+def check_pin(model: str, cfg: ModelConfig, pin: str | None) -> str | None:
+    """The pool a request's `backend` pins (400 for one this model has not)."""
+    if pin is None:
+        return None
+    known = pins(cfg)
+    if pin not in known:
+        raise InvalidRequest(f"backend {pin!r}: model {model!r} is served by "
+                             f"{', '.join(sorted(known))}", param="backend")
+    return known[pin]
+
+
+def combined_pace(beats: list[WorkerHeartbeat]) -> Pace | None:
+    """The workers' paces, weighted by the jobs each measured."""
+    paces = [b.pace for b in beats if b.pace is not None and b.pace.jobs > 0]
+    return mean_pace(paces)
+
+
+def mean_pace(paces: list[Pace]) -> Pace | None:
+    n = sum(p.jobs for p in paces)
+    if not paces:
+        return None
+    w = [(p.jobs or 1) / (n or len(paces)) for p in paces]
+    return Pace(jobs=n, job_s=sum(x * p.job_s for x, p in zip(w, paces, strict=True)),
+                first_token_s=sum(x * p.first_token_s for x, p in zip(w, paces, strict=True)),
+                decode_tps=sum(x * p.decode_tps for x, p in zip(w, paces, strict=True)),
+                prompt_tps=sum(x * p.prompt_tps for x, p in zip(w, paces, strict=True)))
+
+
+def estimate(load: PoolLoad, pace: Pace, n_prompt: int, max_tokens: int) -> Estimate:
+    slots = max(1, load.slots)
+    wait = 0.0 if load.busy < slots else (load.busy - slots + 1) * pace.job_s / slots
+    prompt = n_prompt / pace.prompt_tps if pace.prompt_tps > 0 else pace.first_token_s
+    first = wait + prompt
+    decode = (max(1, max_tokens) - 1) / pace.decode_tps if pace.decode_tps > 0 else 0.0
+    return Estimate(load.name, first, first + decode)
+
+
+def choose(loads: list[PoolLoad], n_prompt: int, max_tokens: int, pin: str | None,
+           budget_ms: int | None) -> tuple[str, list[Estimate]]:
+    """The pool a job goes to, and the estimates it was chosen by (pools with workers)."""
+    live = [ld for ld in loads if ld.workers]
+    known = mean_pace([ld.pace for ld in live if ld.pace is not None]) or PRIOR
+    ests = [estimate(ld, ld.pace or known, n_prompt, max_tokens) for ld in live]
+    cands = [e for e in ests if pin is None or e.pool == pin]
+    if budget_ms is not None:
+        fits = [e for e in cands if e.first_s * 1000 <= budget_ms]
+        if not fits:
+            soonest = min((e.first_s for e in cands), default=None)
+            raise BudgetUnreachable(
+                f"no pool of this model is estimated to give the first token within "
+                f"{budget_ms} ms" + (f" (the soonest: {soonest * 1000:.0f} ms)"
+                                      if soonest is not None else " (no worker serves it)"),
+                retry_after=max(1, math.ceil(soonest - budget_ms / 1000))
+                if soonest is not None else 5)
+        cands = fits
+    if not cands:  # nobody serves the pinned pool (or any): it waits for a worker
+        return (pin if pin is not None else loads[0].name), ests
+    return min(cands, key=lambda e: e.finish_s).pool, ests
+
+
+def own_times(pace: Pace, n_prompt: int, max_tokens: int) -> tuple[float, float]:
+    """The job's own first-token and decode seconds at `pace`."""
+    first = n_prompt / pace.prompt_tps if pace.prompt_tps > 0 else pace.first_token_s
+    decode = (max(1, max_tokens) - 1) / pace.decode_tps if pace.decode_tps > 0 else 0.0
+    return first, decode
+
+
+async def _beats(state: AppState) -> list[WorkerHeartbeat]:
+    raw: dict[str, str] = await state.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
+    return list(live_workers(raw, state.settings.worker_ttl_s).values())
+
+
+async def check_budget(state: AppState, model: str, cfg: ModelConfig, priority: str,
+                       n_prompt: int, max_tokens: int, budget_ms: int) -> None:
+    """A model with one pool: 503 when its first token is estimated past the budget (its
+    load: the workers' running jobs as last beaten, and its lanes' waiting tickets)."""
+    higher = keys.PRIORITIES[:keys.PRIORITIES.index(priority) + 1]
+    async with state.redis.pipeline(transaction=False) as pipe:
+        for prio in higher:
+            pipe.llen(keys.queue(model, prio))
+        waiting = sum(await pipe.execute())
+    mine = [b for b in await _beats(state) if (b.pool or b.model) == model]
+    load = PoolLoad("", select_backend(cfg), len(mine), sum(b.slots for b in mine),
+                    sum(b.running for b in mine) + waiting, combined_pace(mine))
+    choose([load], n_prompt, max_tokens, None, budget_ms)
+
+
+async def place(state: AppState, model: str, cfg: ModelConfig, fields: dict[str, str], *,
+                priority: str, n_prompt: int, max_tokens: int, pin: str | None,
+                budget_ms: int | None) -> str:
+    """Choose the job's pool and count the job there (place.lua: one atomic step, so a
+    burst sees its own jobs); its record's `pool`, `backend` and `placement` fields are
+    set. Returns the pool's id (its queues' name). A create that then does not happen
+    gives the count back (`release`)."""
+    if not cfg.pools:
+        if budget_ms is not None:
+            await check_budget(state, model, cfg, priority, n_prompt, max_tokens, budget_ms)
+        return model
+    names = list(cfg.pools)
+    beats = await _beats(state)
+    mine = {n: [b for b in beats if b.pool == pool_id(model, n)] for n in names}
+    known = mean_pace([p for n in names if (p := combined_pace(mine[n]))]) or PRIOR
+    args: list[str | int | float] = [budget_ms or 0]
+    allowed = [bool(mine[n]) and pin in (None, n) for n in names]
+    for n, ok in zip(names, allowed, strict=True):
+        pace = combined_pace(mine[n]) or known
+        first, decode = own_times(pace, n_prompt, max_tokens)
+        args += [pool_id(model, n), sum(b.slots for b in mine[n]), pace.job_s, first, decode,
+                 int(ok)]
+    if not any(allowed):  # nobody serves it (yet): it waits for a worker there
+        if budget_ms is not None:
+            who = f"pool {pin!r}" if pin else "this model"
+            raise BudgetUnreachable(f"no worker serves {who} now: no first token within "
+                                    f"{budget_ms} ms", retry_after=5)
+        name, ests = pin or names[0], {}
+        await state.redis.hincrby(keys.POOL_LOAD, pool_id(model, name), 1)
+    else:
+        got = await Scripts(state.redis, ("place",))["place"](keys=[keys.POOL_LOAD], args=args)
+        ests = {n: [got[1 + 2 * i] / 1000, got[2 + 2 * i] / 1000]
+                for i, n in enumerate(names) if mine[n]}
+        if not got[0]:
+            soonest = min(ests[n][0] for n, ok in zip(names, allowed, strict=True) if ok)
+            raise BudgetUnreachable(
+                f"no pool of this model is estimated to give the first token within "
+                f"{budget_ms} ms (the soonest: {soonest * 1000:.0f} ms)",
+                retry_after=max(1, math.ceil(soonest - (budget_ms or 0) / 1000)))
+        name = names[got[0] - 1]
+    fields["pool"] = pool_id(model, name)
+    fields["backend"] = select_backend(cfg.pool(name))
+    fields["placement"] = json.dumps(ests)
+    return fields["pool"]
+
+
+async def release(state: AppState, pool: str) -> None:
+    """A placed job whose create did not happen (queue full, an idempotent replay): not
+    counted in its pool any more."""
+    if await state.redis.hincrby(keys.POOL_LOAD, pool, -1) < 0:
+        await state.redis.hset(keys.POOL_LOAD, pool, 0)
