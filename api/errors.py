@@ -162,6 +162,19 @@ class Unavailable(TokenqError):
     retry_after = 1
 
 
+class BudgetUnreachable(TokenqError):
+    """No pool of the model is estimated to give the first token within the request's
+    `ttft_budget_ms` (503, with when to retry)."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "budget_unreachable"
+
+    def __init__(self, message: str, *, retry_after: int = 1):
+        super().__init__(message, param="ttft_budget_ms")
+        self.retry_after = retry_after
+
+
 class NotReplicated(TokenqError):
     """Durable acceptance: the job did not reach enough Redis replicas in time (503)."""
 

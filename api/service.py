@@ -18,7 +18,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from tokenq.api import durable, idempotency, lora_admin, streams
+from tokenq.api import durable, idempotency, lora_admin, placement, streams
 from tokenq.api.deps import AppState
 from tokenq.api.errors import (
     ContextLengthExceeded,
@@ -144,6 +144,11 @@ class Prepared:
     n_prompt: int
     fields: dict[str, str]
     max_tokens: int = 0
+    # placement (api/placement.py): the pool the request pins, its first-token budget,
+    # and the pool's id once placed ('' until then: the model's own queues)
+    pin: str | None = None
+    budget_ms: int | None = None
+    pool: str = ""
 
 
 async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
@@ -171,6 +176,7 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
             else f"model {req.model!r} does not make embeddings", param="model")
     params = resolve_params(req, cfg, s.api.max_tokens_limit, s.api.max_stop_sequences,
                             schema_budget.budget_of(s))
+    pin = placement.check_pin(base, cfg, req.backend)
     backend = select_backend(cfg)
     context = cfg.context_length(backend)
     if req.input is not None:
@@ -220,7 +226,8 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
     if adapter is not None:
         fields["adapter"] = adapter.name
         fields["adapter_version"] = str(adapter.id)
-    return Prepared(base, req.priority, n_prompt, fields, params.max_tokens)
+    return Prepared(base, req.priority, n_prompt, fields, params.max_tokens, pin,
+                    req.ttft_budget_ms)
 
 
 def stored_request(req: JobRequest) -> str:
@@ -264,8 +271,18 @@ def new_job(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = N
         state, tenant)), "est_tokens": str(p.n_prompt + p.max_tokens), **(extra or {})}
     if deadline is not None:
         fields["deadline"] = repr(deadline)
-    queue = keys.queue(p.model, p.priority)
+    queue = keys.queue(p.pool or p.model, p.priority)
     return jobs.NewJob(job_id, fields, tenant, queue, ticket_message(state.celery, queue), now)
+
+
+async def place(state: AppState, p: Prepared) -> None:
+    """Choose the pool a prepared job waits in (a model served by several; a first-token
+    budget): api/placement.py. Its create must follow, or `placement.release`."""
+    cfg = state.models.get(p.model)
+    if cfg is not None and p.fields.get("model"):
+        p.pool = await placement.place(
+            state, p.model, cfg, p.fields, priority=p.priority, n_prompt=p.n_prompt,
+            max_tokens=p.max_tokens, pin=p.pin, budget_ms=p.budget_ms)
 
 
 def weight_of(state: AppState, tenant: str) -> float:
@@ -281,13 +298,21 @@ async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | No
     answered, the job id, its created_at). With an Idempotency-Key the store may answer
     with the key's earlier job (`Replayed`, `KeyReused`): the id returned is then that
     job's. `acked`: a client waits for this answer: durable acceptance (api/durable.py)."""
+    await place(state, p)
     job = new_job(state, tenant, p, job_id=job_id, deadline=deadline, extra=extra)
     idem_key = None if idem is None else jobs.IdemKey(idem.redis_key, idem.body_sha,
                                                       state.settings.api.idempotency_ttl_s)
-    created = await durable.create(state, job.job_id, job.fields, tenant=tenant,
-                                   queue=job.queue, message=job.message,
-                                   queue_limit=queue_limit, tenant_limit=tenant_limit,
-                                   now=job.now, idem=idem_key, durable=acked)
+    try:
+        created = await durable.create(state, job.job_id, job.fields, tenant=tenant,
+                                       queue=job.queue, message=job.message,
+                                       queue_limit=queue_limit, tenant_limit=tenant_limit,
+                                       now=job.now, idem=idem_key, durable=acked)
+    except BaseException:
+        if p.fields.get("pool"):  # not created (or not known to be): counted no longer
+            await asyncio.shield(placement.release(state, p.fields["pool"]))
+        raise
+    if p.fields.get("pool") and not isinstance(created, jobs.Created):
+        await placement.release(state, p.fields["pool"])
     if isinstance(created, jobs.Replayed | jobs.KeyReused):
         return created, created.job_id, job.now
     return created, job.job_id, job.now
@@ -360,7 +385,7 @@ async def _submit(state: AppState, tenant: str, req: JobRequest, idem: Idem | No
                         "per tenant; retry when some have started", retry_after=5,
                         code="tenant_queue_full")
     if not isinstance(created, jobs.Created):
-        depth = await state.redis.llen(keys.queue(p.model, p.priority))
+        depth = await state.redis.llen(keys.queue(p.pool or p.model, p.priority))
         raise QueueFull(f"the queue for {req.model!r} is full ({depth} jobs); retry later",
                         retry_after=max(1, min(60, int(depth) // 100)))
     return JobAccepted(id=job_id, model=req.model, created_at=now,

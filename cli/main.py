@@ -148,7 +148,8 @@ def api(
 
 @app.command()
 def worker(
-    model: Annotated[str | None, typer.Option(help="the one model this worker serves")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="the one model this worker serves, or one pool of it: MODEL@POOL")] = None,
     loglevel: Annotated[str, typer.Option()] = "INFO",
 ) -> None:
     """Run one worker process (one engine, one model); needs TOKENQ_REDIS_URL."""

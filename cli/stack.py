@@ -141,8 +141,11 @@ class Stack:
         self.api = self._spawn("api", python_module("tokenq.api.server", "--host", self.host,
                                                     "--port", str(self.port)))
         for model in self.models if worker_models is None else worker_models:
-            for _ in range(self.workers):
-                self.add_worker(model)
+            # a model served by several pools (placement): workers for each
+            pools = known[model].pools if model in known else {}
+            for name in [f"{model}@{p}" for p in pools] or [model]:
+                for _ in range(self.workers):
+                    self.add_worker(name)
         return self
 
     def attach(self) -> Stack:

@@ -25,6 +25,8 @@
     tokenq:lane:{model}:{priority}:t:{t}    list  that tenant's waiting job ids, oldest first
     tokenq:lane:{model}:{priority}:empty    string  tickets that found no job (a count)
     tokenq:share:{t}             hash    served (decayed tokens), at, weight (fair share)
+    tokenq:pool:load             hash    `{model}@{pool}` -> its jobs placed and not ended
+                                 (placement: shared/lua/place.lua, terminal.lua)
 
 LoRA adapters (shared/lora_registry.py):
 
@@ -107,6 +109,7 @@ def rate_bucket(tenant: str, kind: str) -> str:
 WORKERS = f"{PREFIX}:workers"
 RUNNING = f"{PREFIX}:running"
 QUEUED = f"{PREFIX}:queued"
+POOL_LOAD = f"{PREFIX}:pool:load"
 KOMBU_UNACKED = "unacked"  # kombu's Redis transport default (unacked_key)
 # A pub/sub channel nobody subscribes to: a PUBLISH there is a write that replicates, so
 # a WAIT after it covers everything the primary wrote before (api/durable.py).

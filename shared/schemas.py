@@ -203,6 +203,11 @@ class JobRequest(BaseModel):
     metadata: Metadata | None = None
     # Unix time after which the job must not start: still queued then, it ends `expired`.
     deadline: float | None = Field(default=None, gt=0)
+    # Placement (docs/scheduling.md): run on this pool of the model (a pool's name or its
+    # backend: `llama`, `vllm`), and/or be refused at once (503 budget_unreachable) when no
+    # pool is estimated to give the first token within this many milliseconds.
+    backend: str | None = Field(default=None, min_length=1, max_length=64)
+    ttft_budget_ms: int | None = Field(default=None, ge=1, le=3_600_000)
 
     @model_validator(mode="after")
     def _one_input(self) -> JobRequest:
@@ -250,6 +255,10 @@ class JobRecord(BaseModel):
     owner: str
     model: str
     backend: str
+    # The model's pool it was placed on (a model served by several: `model@pool`), and
+    # the estimates placement chose by: pool -> [first token, finish] seconds from submit.
+    pool: str | None = None
+    placement: dict[str, list[float]] | None = None
     priority: Priority
     # The job's state on the wire (as in the 202 and OpenAI's objects); the Redis hash
     # keeps it in its field `state`.
@@ -290,6 +299,8 @@ class JobRecord(BaseModel):
             owner=h.get("owner", ""),
             model=h["model"],
             backend=h.get("backend", ""),
+            pool=h.get("pool") or None,
+            placement=json.loads(h["placement"]) if h.get("placement") else None,
             priority=h.get("priority", "normal"),  # type: ignore[arg-type]
             status=h["state"],  # type: ignore[arg-type]
             attempts=int(h.get("attempts", 0)),
@@ -338,6 +349,17 @@ class JobSpec(BaseModel):
     adapter: AdapterRef | None = None
 
 
+class Pace(BaseModel):
+    """A worker's measured service: moving averages over its jobs that ended (placement,
+    api/placement.py). Times from a job's start on the worker."""
+
+    jobs: int  # jobs measured so far
+    job_s: float  # start to end
+    first_token_s: float  # start to first token
+    decode_tps: float  # one stream's tokens per second after its first
+    prompt_tps: float  # prompt tokens per second of first-token time
+
+
 class WorkerHeartbeat(BaseModel):
     """A worker's entry in `tokenq:workers`, rewritten every heartbeat_s."""
 
@@ -354,6 +376,8 @@ class WorkerHeartbeat(BaseModel):
     ts: float  # Unix time of the beat
     pid: int = 0
     adapters: dict[str, int] = Field(default_factory=dict)  # adapter name -> version id
+    pool: str = ""  # its queues' name: the model, or `model@pool` (placement)
+    pace: Pace | None = None  # its measured service, once a job finished
 
 
 def live_workers(raw: Mapping[str, str], ttl_s: float,

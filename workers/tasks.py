@@ -186,6 +186,9 @@ def observe(rt: WorkerRuntime, job_id: str, attempt: int, started: float,
     prompt, completion = handle.usage
     m.prompt_tokens.labels(model).inc(prompt)
     m.generation_tokens.labels(model).inc(max(0, completion - handle.resumed))
+    if handle.outcome == "succeeded" and not handle.resumed:  # the pace placement reads
+        rt.pace.observe(started=started, first_token_at=handle.first_token_at, ended=now,
+                        prompt=prompt, completion=completion)
     created = rt.r.hget(keys.job(job_id), "created_at")
     if attempt != 1 or not created or handle.outcome != "succeeded":
         return

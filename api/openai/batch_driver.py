@@ -24,13 +24,13 @@ from typing import Any
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from tokenq.api import cpu, service
+from tokenq.api import cpu, placement, service
 from tokenq.api.deps import AppState
 from tokenq.api.errors import TokenqError
 from tokenq.api.openai import files, jsonl, protocol
 from tokenq.api.openai.batch_store import BatchStore
 from tokenq.shared import keys
-from tokenq.shared.jobs import NewJob, NewRejection, QueueFull, TenantFull, dumps
+from tokenq.shared.jobs import Created, NewJob, NewRejection, QueueFull, TenantFull, dumps
 from tokenq.shared.schemas import JobErrorInfo, JobRequest
 
 log = logging.getLogger(__name__)
@@ -296,7 +296,15 @@ class BatchDriver:
         line after the refusal that was created anyway (the queue drained between the
         pipelined scripts) is not counted twice when it is sent again."""
         jobs = [(n, x) for n, x in chunk if isinstance(x, NewJob)]
-        results = await self.state.jobs.create_many([x for _, x in jobs])
+        results: list[Any] | None = None
+        try:
+            results = await self.state.jobs.create_many([x for _, x in jobs])
+        finally:  # placed lines not created are counted in their pool no longer
+            made: list[Any] = results if results is not None else [None] * len(jobs)
+            for (_, x), got in zip(jobs, made, strict=True):
+                if x.fields.get("pool") and not isinstance(got, Created):
+                    with contextlib.suppress(RedisError):
+                        await asyncio.shield(placement.release(self.state, x.fields["pool"]))
         refusal = next((n for (n, _), got in zip(jobs, results, strict=True)
                         if isinstance(got, QueueFull | TenantFull)), None)
         done = [(n, x) for n, x in chunk if refusal is None or n < refusal]
@@ -318,6 +326,7 @@ class BatchDriver:
             if line.too_long:
                 raise too_long(self.state.settings.api.max_batch_line_bytes)
             custom_id, p = await self._check_line(h, raw)
+            await service.place(self.state, p)
         except RedisError:
             raise
         except Exception as exc:  # valid at validation, not now: that line fails alone

@@ -66,6 +66,9 @@ class _Common(BaseModel):
     metadata: Metadata | None = None
     priority: Priority | None = None  # tokenq extension; batch lines run at `low`
     cache_prompt: bool | None = None  # llama-server's extension (default true)
+    # tokenq's placement: a pool of the model (its name or backend), a first-token budget
+    backend: str | None = Field(default=None, min_length=1, max_length=64)
+    ttft_budget_ms: int | None = Field(default=None, ge=1, le=3_600_000)
 
     @model_validator(mode="after")
     def _supported(self) -> _Common:
@@ -83,7 +86,8 @@ class _Common(BaseModel):
             min_p=self.min_p, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias,
             priority=self.priority or "normal", metadata=self.metadata,
-            cache_prompt=self.cache_prompt, **kw)
+            cache_prompt=self.cache_prompt, backend=self.backend,
+            ttft_budget_ms=self.ttft_budget_ms, **kw)
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)

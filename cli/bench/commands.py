@@ -261,6 +261,28 @@ def eta(
     emit(run_eta(cfg, (lambda _: None) if json_out else typer.echo), json_out)
 
 
+@bench_app.command("placement")
+def placement(
+    fast_slots: Annotated[int, typer.Option(help="the fast pool's slots")] = 16,
+    fast_rate: Annotated[float, typer.Option(help="the fast pool's tokens/s per job")] = 100.0,
+    slow_slots: Annotated[int, typer.Option(help="the slow pool's slots")] = 4,
+    slow_rate: Annotated[float, typer.Option(help="the slow pool's tokens/s per job")] = 10.0,
+    burst: Annotated[int, typer.Option(help="jobs submitted at once per arm")] = 48,
+    max_tokens: Annotated[int, typer.Option(help="tokens per job")] = 32,
+    runs: Annotated[int, typer.Option(help="runs, each on a fresh stack")] = 3,
+    json_out: Json = False,
+) -> None:
+    """Placement across a model's two pools vs the fast pool alone (fake engine).
+
+    A burst per arm: rejections, TTFT p50/p95, makespan, jobs per pool, and jobs placed
+    where they finished >20% later than the other pool's estimate."""
+    from tokenq.cli.bench.placement import PlacementConfig, run_placement
+
+    cfg = PlacementConfig(fast_slots=fast_slots, fast_rate=fast_rate, slow_slots=slow_slots,
+                          slow_rate=slow_rate, burst=burst, max_tokens=max_tokens, runs=runs)
+    emit(run_placement(cfg, (lambda _: None) if json_out else typer.echo), json_out)
+
+
 @bench_app.command("postcall")
 def postcall(
     model: Model = None,

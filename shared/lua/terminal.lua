@@ -32,8 +32,11 @@ end
 -- completion webhook. Returns the TTL the job's keys get: batch lines live as long as
 -- their batch's files, other jobs `default_ttl`.
 local function on_terminal(job_key, state, now, default_ttl)
-  local h = redis.call('HMGET', job_key, 'batch', 'id', 'webhook_url', 'ttl', 'owner')
+  local h = redis.call('HMGET', job_key, 'batch', 'id', 'webhook_url', 'ttl', 'owner', 'pool')
   if h[3] then webhook('job.' .. state, h[2], h[3], h[5], now) end
+  if h[6] and redis.call('HINCRBY', '@POOL_LOAD@', h[6], -1) < 0 then  -- placed: it left
+    redis.call('HSET', '@POOL_LOAD@', h[6], 0)
+  end
   if not h[1] then return default_ttl end
   local bk = '@BATCH_PREFIX@' .. h[1]
   if state == 'succeeded' then
