@@ -36,6 +36,8 @@ SUBCOMMANDS = {
     "postcall": {"--model", "--calls", "--max-tokens", "--seed", "--runs", "--peers",
                  "--no-peers", "--json"},
     "eta": {"--jobs", "--warmup", "--tenants", "--runs", "--json"},
+    "placement": {"--fast-slots", "--fast-rate", "--slow-slots", "--slow-rate", "--burst",
+                  "--max-tokens", "--runs", "--json"},
 }
 
 
