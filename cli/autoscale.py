@@ -27,6 +27,7 @@ from tokenq.cli import autoscale_catalogue as cat
 from tokenq.cli.scaling import Decider, Decision, Inputs, Policy
 from tokenq.shared import catalogue_io, keys
 from tokenq.shared.catalogue import CatalogueEntry
+from tokenq.shared.model_config import split_pool
 from tokenq.shared.schemas import WorkerHeartbeat, live_workers
 from tokenq.shared.settings import Settings
 from tokenq.shared.weights import select_backend
@@ -78,9 +79,18 @@ class Autoscaler:
     def __post_init__(self) -> None:
         registry = self.settings.models()
         for m in self.models:
-            if m not in registry:
+            if split_pool(m)[0] not in registry:
                 raise SystemExit(f"unknown model {m!r}; known: {', '.join(registry)}")
-            cfg = registry[m]
+        # A model served by several pools (placement) is scaled pool by pool, each by its
+        # own lanes and workers (`model@pool`).
+        expanded: list[str] = []
+        for m in self.models:
+            pools = registry[m].pools if m in registry else {}
+            expanded += [f"{m}@{p}" for p in pools] or [m]
+        self.models = list(dict.fromkeys(expanded))
+        for m in self.models:
+            name, pool = split_pool(m)
+            cfg = registry[name].pool(pool) if pool else registry[name]
             self._config_slots[m] = (cfg.max_num_seqs if select_backend(cfg) == "vllm"
                                      else cfg.n_parallel)
             self.procs.setdefault(m, [])
@@ -96,7 +106,7 @@ class Autoscaler:
         depth = sum(int(n) for n in pipe.execute())
         raw: dict[str, str] = self.r.hgetall(keys.WORKERS)  # type: ignore[assignment]
         beats = {wid: b for wid, b in live_workers(raw, self.settings.worker_ttl_s).items()
-                 if b.model == model}
+                 if (b.pool or b.model) == model}
         ours = self._worker_ids(model)
         return Inputs(
             depth=depth,

@@ -109,7 +109,8 @@ def _autoscaler(stack: Stack, min_workers: int | None, max_workers: int | None,
 @app.command()
 def autoscale(
     model: Annotated[list[str] | None, typer.Option(
-        help="model to scale (repeatable; default: TOKENQ_SERVED_MODELS or the default)")]
+        help="model to scale, or one pool of it: MODEL@POOL (repeatable; default: "
+             "TOKENQ_SERVED_MODELS or the default)")]
     = None,
     min_workers: Annotated[int | None, typer.Option("--min")] = None,
     max_workers: Annotated[int | None, typer.Option("--max")] = None,

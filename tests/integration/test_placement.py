@@ -6,6 +6,7 @@ two pools' speeds (the real engines' run: docs/scheduling.md)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,3 +128,42 @@ def test_bad_placement_input_is_a_400_and_an_unreachable_budget_a_503(stack: Sta
             "model": DUO, "messages": [{"role": "user", "content": "go"}], "max_tokens": 3,
             "backend": "slow", "ttft_budget_ms": 60_000})
         assert resp.status_code == 200, resp.text
+
+
+def test_the_autoscaler_scales_each_pool_by_its_own_lanes(tmp_path: Path) -> None:
+    """`tokenq autoscale --model duo` scales `duo@fast` and `duo@slow` apart: a burst pinned
+    to the slow pool brings up slow workers only, and they go back to none after."""
+    from tokenq.cli.autoscale import Autoscaler
+    from tokenq.cli.scaling import Policy
+
+    (tmp_path / "models.json").write_text(json.dumps(
+        {DUO: {"backend": "fake", "n_ctx": 65536, "pools": POOLS}}))
+    settings = Settings(redis_url=None, state_dir=tmp_path, models_file=tmp_path / "models.json")
+    st = Stack(settings, port=free_port(), models=[DUO], quiet=True, drain_timeout_s=10,
+               env=BASE_ENV)
+    st.start_parts(worker_models=[])
+    r = redis_of(st)
+    scaler = Autoscaler(r, settings, [DUO], Policy(min_workers=0, max_workers=2,
+                                                    down_window_s=2, cooldown_s=2),
+                        spawn=st.spawn_worker, follow_catalogue=False)
+    st.autoscaler = scaler
+    stop = threading.Event()
+    loop = threading.Thread(target=scaler.run, args=(stop, 0.25), daemon=True)
+    try:
+        st.wait_ready(timeout=60)
+        loop.start()
+        assert scaler.models == [f"{DUO}@fast", f"{DUO}@slow"]
+        with httpx.Client(base_url=st.url, timeout=10) as c:
+            ids = [post(c, backend="slow").json()["id"] for _ in range(8)]
+        wait_terminal(r, ids, 120)
+        assert [x["status"] for x in records(st, ids)] == ["succeeded"] * 8
+        assert scaler.peak[f"{DUO}@slow"] == 2 and scaler.peak[f"{DUO}@fast"] == 0, scaler.peak
+        deadline = time.monotonic() + 60
+        while scaler.procs[f"{DUO}@slow"] or scaler.draining:
+            assert time.monotonic() < deadline, "the slow pool did not scale back to 0"
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        loop.join(10)
+        st.stop()
+        r.close()
