@@ -79,8 +79,9 @@ class Autoscaler:
     def __post_init__(self) -> None:
         registry = self.settings.models()
         for m in self.models:
-            if split_pool(m)[0] not in registry:
-                raise SystemExit(f"unknown model {m!r}; known: {', '.join(registry)}")
+            name, pool = split_pool(m)
+            if name not in registry or (pool and pool not in registry[name].pools):
+                raise SystemExit(f"unknown model or pool {m!r}; known: {', '.join(registry)}")
         # A model served by several pools (placement) is scaled pool by pool, each by its
         # own lanes and workers (`model@pool`).
         expanded: list[str] = []
