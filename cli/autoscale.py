@@ -74,7 +74,14 @@ class Autoscaler:
     # Models deployed over the API (the catalogue), scaled beside `models`
     # (cli/autoscale_catalogue.py); False: only `models`.
     follow_catalogue: bool = True
+    # ... only those whose backend (as this host resolves `auto`) is one of these; empty:
+    # every one. A CPU pool follows llama's, a GPU pool vLLM's.
+    follow_backends: frozenset[str] = frozenset()
     followed: dict[str, cat.Followed] = field(default_factory=dict)
+    # A new version's rollout: the old version's workers, drained one at a time (the next
+    # once the one before has exited), as a scale-down drains; new-version workers come
+    # as its queue asks (the old ones count as capacity meanwhile).
+    rolling: dict[str, list[subprocess.Popen[bytes]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         registry = self.settings.models()
@@ -135,6 +142,7 @@ class Autoscaler:
         self._reap()
         listed = catalogue_io.entries(self.r) if self.follow_catalogue else {}
         self._follow(listed)
+        self._roll()
         out: dict[str, Decision] = {}
         for model in [*self.models, *self.followed]:
             inp = self.observe(model)
@@ -154,18 +162,25 @@ class Autoscaler:
 
     # -- the catalogue -----------------------------------------------------------------
     def _follow(self, listed: dict[str, CatalogueEntry]) -> None:
-        """Start following models deployed over the API; a new version drains the workers
-        of the old one; a model gone from the catalogue is drained and forgotten."""
+        """Start following models deployed over the API; a new version rolls the workers
+        of the old one (`_roll`); a model gone from the catalogue is drained and forgotten."""
         for name, e in listed.items():
             if e.origin != "api" or name in self.models or e.phase == "retired":
+                continue
+            if self.follow_backends and select_backend(e.spec) not in self.follow_backends:
+                if name in self.followed:  # switched to another pool's backend: let go
+                    log.info("autoscale %s: now served by %s, not here; draining", name,
+                             select_backend(e.spec))
+                    self._let_go(name)
                 continue
             f = self.followed.get(name)
             if f is not None and f.version == e.version:
                 continue
             if f is not None:
-                log.info("autoscale %s: version %d -> %d; draining the old workers", name,
-                         f.version, e.version)
-                self._drain(name, len(self.procs[name]))
+                log.info("autoscale %s: version %d -> %d; rolling its %d old workers one at "
+                         "a time", name, f.version, e.version, len(self.procs[name]))
+                self.rolling.setdefault(name, []).extend(self.procs[name])
+                self.procs[name] = []
             self.followed[name] = cat.Followed(e.version, e.keep_alive_s, cat.slots_of(e))
             self._config_slots[name] = cat.slots_of(e)
             self.procs.setdefault(name, [])
@@ -173,9 +188,13 @@ class Autoscaler:
             self._deciders[name] = Decider(cat.policy_for(self.policy, e, False))
         for name in [n for n in self.followed
                      if n not in listed or listed[n].phase == "retired"]:
-            self._drain(name, len(self.procs[name]))
-            if not self.procs[name]:
-                del self.followed[name]
+            self._let_go(name)
+
+    def _let_go(self, name: str) -> None:
+        """Stop following a catalogue model: drain its workers (the old version's too)."""
+        self.procs[name].extend(self.rolling.pop(name, []))
+        self._drain(name, len(self.procs[name]))
+        del self.followed[name]
 
     def _active(self, e: CatalogueEntry, inp: Inputs) -> bool:
         """Whether the model is scaled by its queue this tick (draining included)."""
@@ -214,6 +233,18 @@ class Autoscaler:
             self.draining.append(Draining(model, proc, self.clock()))
             log.info("autoscale %s: draining worker pid %d", model, proc.pid)
 
+    def _roll(self) -> None:
+        """Drain the next old-version worker of each rollout once none of its model is
+        draining any more."""
+        for name, old in self.rolling.items():
+            old[:] = [p for p in old if p.poll() is None]
+            if old and not any(d.model == name for d in self.draining):
+                proc = old.pop(0)
+                proc.send_signal(signal.SIGTERM)
+                self.draining.append(Draining(name, proc, self.clock()))
+                log.info("autoscale %s: rolling: draining old worker pid %d (%d to go)", name,
+                         proc.pid, len(old))
+
     def _reap(self) -> None:
         for model, procs in self.procs.items():
             for p in [p for p in procs if p.poll() is not None]:
@@ -248,6 +279,10 @@ class Autoscaler:
     def close(self, timeout_s: float) -> None:
         """Drain every worker (SIGTERM), wait up to `timeout_s`, then kill what is left."""
         for model in self.procs:
+            self._drain(model, len(self.procs[model]))
+        for model, old in self.rolling.items():
+            self.procs[model].extend(old)
+            old.clear()
             self._drain(model, len(self.procs[model]))
         deadline = time.monotonic() + timeout_s
         for d in list(self.draining):

@@ -2,8 +2,10 @@
 
 A model deployed over the API is scaled like the models named at start, with its own
 policy: no worker until its queue has work (load on demand), and back to none after
-`keep_alive_s` without work (0: never unloaded once loaded). A new version (PATCH) drains
-the workers of the old one; the next job loads the new one. A `draining` model (retired
+`keep_alive_s` without work (0: never unloaded once loaded). A new version (PATCH) rolls
+the workers of the old one, one at a time, each drained as a scale-down drains (its jobs
+handed back, continued from their tokens by a new-version worker); new-version workers
+come as the queue asks. A `draining` model (retired
 with its queued jobs left to finish) is scaled by its queue until it is empty, then marked
 `retired`; a `retired` or `failed` model has its workers drained, and a failed model's
 late arrivals (jobs the API took before it saw the failure) fail with model_load_failed.

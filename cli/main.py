@@ -92,9 +92,11 @@ def up(
 
 
 def _autoscaler(stack: Stack, min_workers: int | None, max_workers: int | None,
-                catalogue_only: bool = False) -> Autoscaler:
+                catalogue_only: bool = False, backends: list[str] | None = None
+                ) -> Autoscaler:
     """Scales `stack.models` and the models deployed over the API (the catalogue); with
-    `catalogue_only`, the latter alone (the stack's own workers are fixed)."""
+    `catalogue_only`, the latter alone (the stack's own workers are fixed); `backends`:
+    only the catalogue's models served by those (a CPU pool: llama; a GPU pool: vllm)."""
     from tokenq.cli.autoscale import Autoscaler, policy_from
     from tokenq.shared.redis_conn import sync_client
 
@@ -103,7 +105,8 @@ def _autoscaler(stack: Stack, min_workers: int | None, max_workers: int | None,
     logging.getLogger("tokenq.autoscale").info(
         "autoscaling %s: %s", ", ".join([*models, "the catalogue's models"]), policy)
     return Autoscaler(sync_client(stack.settings, url=stack.redis_url, decode_responses=True),
-                      stack.settings, models, policy, spawn=stack.spawn_worker)
+                      stack.settings, models, policy, spawn=stack.spawn_worker,
+                      follow_backends=frozenset(backends or ()))
 
 
 @app.command()
@@ -114,6 +117,12 @@ def autoscale(
     = None,
     min_workers: Annotated[int | None, typer.Option("--min")] = None,
     max_workers: Annotated[int | None, typer.Option("--max")] = None,
+    catalogue_only: Annotated[bool, typer.Option(
+        help="scale only the models deployed over the API (a pool that follows the "
+             "catalogue), not --model / TOKENQ_SERVED_MODELS")] = False,
+    backend: Annotated[list[str] | None, typer.Option(
+        help="follow only the catalogue's models served by this backend (repeatable): "
+             "llama for a CPU pool, vllm for a GPU pool; default: every one")] = None,
 ) -> None:
     """Start and drain worker processes so each model's workers follow its queue; needs
     TOKENQ_REDIS_URL. Windows and cooldown: TOKENQ_AUTOSCALE__* (see docs/operations.md)."""
@@ -125,7 +134,10 @@ def autoscale(
     _logging()
     settings = _settings()
     stack = Stack(settings, models=model or settings.served_models).attach()
-    scaler = _autoscaler(stack, min_workers, max_workers)
+    bad = sorted(set(backend or ()) - {"llama", "vllm", "fake"})
+    if bad:
+        raise typer.BadParameter(f"backend {bad[0]!r}: one of llama, vllm", param_hint="--backend")
+    scaler = _autoscaler(stack, min_workers, max_workers, catalogue_only, backend)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

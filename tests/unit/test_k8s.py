@@ -212,6 +212,25 @@ def test_gpu_worker_gets_a_gpu(docs: dict[tuple[str, str], dict[str, Any]]) -> N
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
 
 
+def test_the_catalogue_pools_follow_their_backends_models(
+        docs: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """A CPU and a GPU pool that follow the catalogue: `tokenq autoscale --catalogue-only
+    --backend ...` (a command the CLI takes), each worker on its own metrics port, the GPU
+    pool with its GPU, both drained within their grace."""
+    group = typer.main.get_command(cli_app)
+    for name, backend in (("tokenq-pool-cpu", "llama"), ("tokenq-pool-gpu", "vllm")):
+        spec, c = pod(docs[("Deployment", name)])
+        cmd = c["command"]
+        assert cmd[:3] == ["tokenq", "autoscale", "--catalogue-only"], cmd
+        assert cmd[cmd.index("--backend") + 1] == backend
+        group.get_command(None, "autoscale").make_context(  # type: ignore[attr-defined]
+            "autoscale", list(cmd[2:]))
+        env = {e["name"]: e for e in c["env"]}
+        assert env["TOKENQ_WORKER__METRICS_PORT"]["value"] == "0"
+        assert spec["terminationGracePeriodSeconds"] > config(docs).worker.drain_grace_s
+        assert ("nvidia.com/gpu" in c["resources"]["limits"]) == (backend == "vllm")
+
+
 def test_scaled_objects_scale_each_worker_on_its_models_backlog(
         docs: dict[tuple[str, str], dict[str, Any]]) -> None:
     served = config(docs).served_models
