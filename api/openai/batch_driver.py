@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from tokenq.api import cpu, placement, service
+from tokenq.api import admission, cpu, placement, service
 from tokenq.api.deps import AppState
 from tokenq.api.errors import TokenqError
 from tokenq.api.openai import files, jsonl, protocol
@@ -183,7 +183,7 @@ class BatchDriver:
         if await self.batches.settle(batch_id) != "validating":
             await self.batches.release(batch_id)
 
-    async def _check_line(self, h: dict[str, str], raw: bytes) -> tuple[str, service.Prepared]:
+    async def _check_line(self, h: dict[str, str], raw: bytes) -> tuple[str, admission.Prepared]:
         """A line's custom_id and its prepared job; a long line is parsed on the CPU pool in
         the batch owner's share (waiting for it: the driver is not refused)."""
         try:
@@ -192,7 +192,7 @@ class BatchDriver:
             else:
                 custom_id, job = await self.state.counter.pool.run(
                     h["owner"], _parse_line, h["endpoint"], raw)
-            return custom_id, await service.prepare(self.state, h["owner"], job)
+            return custom_id, await admission.prepare(self.state, h["owner"], job)
         except ValidationError as exc:
             e = exc.errors()[0]
             param = ".".join(str(p) for p in e.get("loc", ()))

@@ -26,7 +26,7 @@ from typing import Any
 
 from redis.exceptions import WatchError
 
-from tokenq.api import idempotency, service
+from tokenq.api import admission, idempotency
 from tokenq.api.deps import AppState
 from tokenq.api.errors import Conflict, IdempotencyInProgress, InvalidRequest, NotFound
 from tokenq.api.idempotency import Idem
@@ -92,7 +92,7 @@ async def create(state: AppState, tenant: str, input_file_id: str, endpoint: str
     if metadata:
         h["metadata"] = dumps(metadata)
         if metadata.get("webhook_url"):
-            h["webhook_url"] = await service.check_webhook_url(state, metadata["webhook_url"])
+            h["webhook_url"] = await admission.check_webhook_url(state, metadata["webhook_url"])
     async with state.redis.pipeline(transaction=True) as pipe:
         if idem is not None:
             # The key and the batch are written in one MULTI, which fails if another

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import jsonschema
 
+from tokenq.api.admission import json_schema_of
 from tokenq.api.openai.protocol import ChatCompletionRequest
-from tokenq.api.service import json_schema_of
 from tokenq.cli.transcripts import SUMMARY_SCHEMA
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "post_call"
