@@ -197,7 +197,8 @@ async def deploy(state: AppState, body: dict[str, Any]) -> dict[str, Any]:
         return CatalogueEntry(name=name, spec=cfg, request=dict(body), origin="api",
                               version=e.version + 1 if e else 1,
                               keep_alive_s=opts["keep_alive_s"],
-                              max_load_tries=opts["max_load_tries"])
+                              max_load_tries=opts["max_load_tries"],
+                              max_workers=opts["max_workers"])
 
     entry = await _write(state.redis, name, change)
     assert entry is not None
@@ -225,7 +226,8 @@ async def patch(state: AppState, name: str, changes: dict[str, Any]) -> dict[str
         return CatalogueEntry(name=name, spec=cfg, request=merged, origin="api",
                               version=e.version + 1, created_at=e.created_at,
                               keep_alive_s=opts["keep_alive_s"],
-                              max_load_tries=opts["max_load_tries"])
+                              max_load_tries=opts["max_load_tries"],
+                              max_workers=opts["max_workers"])
 
     entry = await _write(state.redis, name, change)
     assert entry is not None

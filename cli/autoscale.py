@@ -84,6 +84,7 @@ class Autoscaler:
     rolling: dict[str, list[subprocess.Popen[bytes]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.instances = cat.Instances(self.r)
         registry = self.settings.models()
         for m in self.models:
             name, pool = split_pool(m)
@@ -140,6 +141,7 @@ class Autoscaler:
     # -- one tick ----------------------------------------------------------------------
     def tick(self) -> dict[str, Decision]:
         self._reap()
+        self.instances.renew({p.pid for p in self._all_procs() if p.poll() is None})
         listed = catalogue_io.entries(self.r) if self.follow_catalogue else {}
         self._follow(listed)
         self._roll()
@@ -153,7 +155,8 @@ class Autoscaler:
             self._log(model, inp, d)
             if d.target > inp.current:
                 for _ in range(d.target - inp.current):
-                    self.procs[model].append(self.spawn(model))
+                    if not self._start(model, entry):
+                        break
             elif d.target < inp.current:
                 self._drain(model, inp.current - d.target)
             self.peak[model] = max(self.peak[model], len(self.procs[model]))
@@ -233,6 +236,19 @@ class Autoscaler:
             self.draining.append(Draining(model, proc, self.clock()))
             log.info("autoscale %s: draining worker pid %d", model, proc.pid)
 
+    def _start(self, model: str, entry: CatalogueEntry | None) -> bool:
+        """One more worker for `model`; False when its `max_workers` leases are all taken
+        (other pools run it)."""
+        cap = entry.max_workers if entry is not None else None
+        owner = self.instances.claim(model, cap) if cap is not None else None
+        if cap is not None and owner is None:
+            return False
+        proc = self.spawn(model)
+        self.procs[model].append(proc)
+        if owner is not None and cap is not None:
+            self.instances.hold(proc.pid, model, owner, cap)
+        return True
+
     def _roll(self) -> None:
         """Drain the next old-version worker of each rollout once none of its model is
         draining any more."""
@@ -244,6 +260,10 @@ class Autoscaler:
                 self.draining.append(Draining(name, proc, self.clock()))
                 log.info("autoscale %s: rolling: draining old worker pid %d (%d to go)", name,
                          proc.pid, len(old))
+
+    def _all_procs(self) -> list[subprocess.Popen[bytes]]:
+        return [*(p for ps in self.procs.values() for p in ps),
+                *(d.proc for d in self.draining), *(p for ps in self.rolling.values() for p in ps)]
 
     def _reap(self) -> None:
         for model, procs in self.procs.items():
@@ -292,3 +312,5 @@ class Autoscaler:
                 d.proc.kill()
                 d.proc.wait()
         self._reap()
+        with contextlib.suppress(redis.RedisError):  # let go of its instance leases
+            self.instances.renew(set())

@@ -13,12 +13,19 @@ late arrivals (jobs the API took before it saw the failure) fail with model_load
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
+import socket
+import uuid
 from dataclasses import dataclass, replace
+
+import redis
 
 from tokenq.cli.scaling import Policy
 from tokenq.shared import catalogue_io
-from tokenq.shared.catalogue import CatalogueEntry
+from tokenq.shared.catalogue import CATALOGUE, CatalogueEntry
+from tokenq.shared.lua_scripts import Scripts
 from tokenq.shared.schemas import JobErrorInfo
 from tokenq.shared.weights import select_backend
 
@@ -78,3 +85,40 @@ def fail_late_arrivals(r: object, settings: object, entry: CatalogueEntry,
                        message=f"model {entry.name!r} could not be loaded: {entry.error}")
     catalogue_io.model_jobs(r, settings, entry.name, "fail",  # type: ignore[arg-type]
                             err.model_dump_json())
+
+
+class Instances:
+    """A catalogue model's instance leases (`max_workers`, shared/lua/instance.lua): this
+    pool claims one before it starts a worker for such a model, renews it every tick while
+    the worker lives, and releases it when the worker has exited. A pool that dies leaves
+    its leases to expire (`ttl_ms`), then another pool may start the model."""
+
+    def __init__(self, r: redis.Redis, ttl_ms: int = 30_000):
+        self.r = r
+        self.ttl_ms = ttl_ms
+        self._script = Scripts(r, ("instance",))["instance"]
+        self._prefix = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}:"
+        self._seq = itertools.count()
+        self.held: dict[int, tuple[str, str, int]] = {}  # worker pid -> (model, owner, max)
+
+    def claim(self, model: str, max_n: int) -> str | None:
+        """An owner token for one more worker of `model`, or None: every lease is taken."""
+        owner = f"{self._prefix}{next(self._seq)}"
+        return owner if self._script(keys=[instances_key(model)],
+                                     args=[owner, max_n, self.ttl_ms]) else None
+
+    def hold(self, pid: int, model: str, owner: str, max_n: int) -> None:
+        self.held[pid] = (model, owner, max_n)
+
+    def renew(self, alive: set[int]) -> None:
+        """Renew the leases of workers still alive; release those of the others."""
+        for pid, (model, owner, max_n) in list(self.held.items()):
+            if pid in alive:
+                self._script(keys=[instances_key(model)], args=[owner, max_n, self.ttl_ms])
+            else:
+                self.r.zrem(instances_key(model), owner)
+                del self.held[pid]
+
+
+def instances_key(model: str) -> str:
+    return f"{CATALOGUE}:instances:{model}"

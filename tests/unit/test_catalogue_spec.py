@@ -27,8 +27,9 @@ def test_a_load_request_maps_onto_model_config(tmp_path: Path) -> None:
     name, cfg, opts = parse_load_request({
         "name": "smol-x", "model_path": str(gguf(tmp_path)), "backend": "llama",
         "n_ctx": 4096, "n_parallel": 2, "temperature": 0.1, "max_tokens": 7,
-        "keep_alive_s": 5})
+        "keep_alive_s": 5, "max_workers": 1})
     assert name == "smol-x" and cfg.backend == "llama" and cfg.source == "file"
+    assert opts["max_workers"] == 1
     assert (cfg.n_ctx, cfg.n_parallel, cfg.temperature, cfg.max_tokens) == (4096, 2, 0.1, 7)
     assert opts["keep_alive_s"] == 5 and not cfg.embedding
     _, emb, _ = parse_load_request({"name": "e", "model_path": "/x.gguf",
@@ -47,6 +48,9 @@ def test_a_load_request_maps_onto_model_config(tmp_path: Path) -> None:
     ({"name": "a", "model_path": "/x.gguf", "server_type": "tts"}, "server_type"),
     ({"name": "a", "model_path": "/x.gguf", "keep_alive_s": -1}, "keep_alive_s"),
     ({"name": "a", "model_path": "/x.gguf", "n_ctx": "big"}, "n_ctx"),
+    ({"name": "a", "model_path": "/x.gguf", "max_workers": 0}, "max_workers"),
+    ({"name": "a", "model_path": "/x.gguf", "max_workers": True}, "max_workers"),
+    ({"name": "a", "model_path": "/x.gguf", "max_workers": "1"}, "max_workers"),
 ])
 def test_bad_requests_are_refused_naming_the_field(body: dict[str, object],
                                                    param: str) -> None:
