@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from tokenq.api.deps import AppState
-from tokenq.shared import eta
+from tokenq.shared import eta, keys
 from tokenq.shared.catalogue import CATALOGUE, CatalogueEntry
 from tokenq.shared.jobs import dumps
 from tokenq.shared.schemas import JobRecord
@@ -50,6 +50,7 @@ async def with_updates(state: AppState, job_id: str, events: AsyncIterator[Entry
     last: eta.Estimate | None = None
     waiting = True  # until an event says it started (a preempted job waits again)
     reason = "waiting"
+    model: str | None = None
     it = aiter(events)
     nxt: asyncio.Task[Any] | None = None
     try:
@@ -62,7 +63,13 @@ async def with_updates(state: AppState, job_id: str, events: AsyncIterator[Entry
                 if est is None:
                     waiting = False
                     continue
-                est = replace(est, reason=reason)  # a `loading` wait stays `loading`
+                # a `loading` wait stays `loading`; a job that arrived while its model was
+                # loading (its `queued` event said `waiting`) says so once it is
+                if model is None:
+                    raw = await state.redis.hget(keys.job(job_id), "model") or ""
+                    model = raw.decode() if isinstance(raw, bytes) else str(raw)
+                now_loading = bool(model) and await _loading(state, model)
+                est = replace(est, reason="loading" if now_loading else reason)
                 if est.moved(last):
                     last = est
                     yield None, "queued", dumps(est.data())

@@ -32,8 +32,9 @@ class Estimate:
 
     def moved(self, last: Estimate | None) -> bool:
         """Changed by more than a step since `last` was sent: the position by a tenth of
-        it (at least 1), or the eta by a tenth of it (at least 1 s), or known or not."""
-        if last is None:
+        it (at least 1), or the eta by a tenth of it (at least 1 s), or known or not; or
+        the reason it waits."""
+        if last is None or self.reason != last.reason:
             return True
         if abs(self.position - last.position) >= max(1, math.ceil(last.position / 10)):
             return True

@@ -172,6 +172,46 @@ def test_the_stream_resends_queued_with_the_waits_reason(r: redis.Redis) -> None
     assert json.loads(got[1][2]) == {"position": 3, "reason": "loading"}  # no pace yet
 
 
+def test_a_job_that_arrives_while_its_model_loads_is_told_so_on_its_stream(
+        r: redis.Redis) -> None:
+    """Its own `queued` event (at create) says `waiting`; the model's catalogue entry says a
+    worker is loading it: the stream's next update says `loading`."""
+    import asyncio
+    from collections.abc import AsyncIterator
+    from types import SimpleNamespace
+
+    import redis.asyncio as aioredis
+
+    from tokenq.api.queued_updates import with_updates
+    from tokenq.shared.catalogue import CATALOGUE, CatalogueEntry
+    from tokenq.shared.settings import ModelConfig
+
+    s = store(r)
+    submit(s, "a")
+    job, _ = submit(s, "a")
+    r.hset(CATALOGUE, "m", CatalogueEntry(name="m", spec=ModelConfig(backend="fake"),
+                                          request={}, loading_since=time.time()
+                                          ).model_dump_json())
+
+    async def stream() -> AsyncIterator[tuple[str, str, str]]:
+        yield "1-0", "queued", '{"position": 1, "reason": "waiting"}'
+        await asyncio.sleep(30)
+
+    async def run() -> list[tuple[str | None, str, str]]:
+        port = r.connection_pool.connection_kwargs["port"]
+        state = SimpleNamespace(redis=aioredis.Redis(port=port, db=15), settings=s.s)
+        got = []
+        async for entry in with_updates(state, job, stream(), every_s=0.05):  # type: ignore[arg-type]
+            got.append(entry)
+            if len(got) == 2:
+                break
+        await state.redis.aclose()
+        return got
+
+    got = asyncio.run(asyncio.wait_for(run(), 10))
+    assert got[1][0] is None and json.loads(got[1][2]) == {"position": 1, "reason": "loading"}
+
+
 def test_get_says_loading_while_the_catalogue_loads_its_model(r: redis.Redis) -> None:
     import asyncio
     from types import SimpleNamespace
