@@ -3,13 +3,16 @@
 A model may be served by several pools at once (ModelConfig.pools: vLLM on GPUs beside
 llama.cpp on CPUs, say), each with its own lanes (`tokenq.{model}@{pool}.{priority}`). At
 submit, for each pool with a live worker, the job's finish is estimated from the pool's
-load and its workers' measured pace (heartbeats; workers/pace.py):
+load (its jobs placed and not ended, `tokenq:pool:load`) and its workers' measured pace
+(heartbeats; workers/pace.py):
 
-    wait   = 0 while the pool has a free slot; else the jobs ahead of it beyond the
-             slots (running + waiting at its priority or higher - slots + 1) x the
-             pool's mean job time / its slots
+    wait   = 0 while the load is below the pool's slots; else the jobs ahead of it
+             beyond the slots (load - slots + 1) x the pool's mean job time / its slots
     first  = wait + prompt tokens / the pool's prompt rate
     finish = first + (max_tokens - 1) / one stream's decode rate
+
+place.lua computes this and counts the job in the chosen pool in one atomic step, so a
+burst of concurrent submits sees itself; terminal.lua counts it out when it ends.
 
 The job goes to the earliest finish, or to the pool the request pins (`backend`: a pool's
 name or its backend). With `ttft_budget_ms`, a pool whose `first` is later is no
@@ -17,9 +20,10 @@ candidate, and none left is a 503 `budget_unreachable` with Retry-After. A pool 
 is not measured yet is taken at the mean pace of those measured (so it gets work and is
 measured); with none measured, every pool alike. A job never moves once placed.
 
-Known limits: `running` is as of each worker's last heartbeat (a burst placed within one
-heartbeat sees the waiting jobs grow, not the slots fill); the estimate uses the job's
-`max_tokens`, not what it will write.
+Known limits: the load counts every priority alike; the estimate uses the job's
+`max_tokens`, not what it will write. A model with one pool and a budget is estimated
+from its workers' running jobs as last beaten and its lanes' waiting tickets
+(`check_budget`).
 """
 
 from __future__ import annotations
