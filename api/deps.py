@@ -15,6 +15,8 @@ from tokenq.api.openai.file_store import FileStore
 from tokenq.api.ratelimit import RateLimits
 from tokenq.api.streams import StreamHub
 from tokenq.api.tokens import PromptCounter
+from tokenq.shared import keys
+from tokenq.shared.schemas import WorkerHeartbeat, live_workers
 from tokenq.shared.settings import ModelConfig, Settings
 from tokenq.shared.store import AsyncJobStore
 
@@ -53,6 +55,11 @@ class AppState:
     def files(self) -> FileStore:
         assert self.file_store is not None, "file_store is made in the app's lifespan"
         return self.file_store
+
+    async def live_workers(self) -> dict[str, WorkerHeartbeat]:
+        """The heartbeats of workers that beat within worker_ttl_s, by worker id."""
+        raw: dict[str, str] = await self.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
+        return live_workers(raw, self.settings.worker_ttl_s)
 
 
 def get_state(request: Request) -> AppState:

@@ -22,7 +22,6 @@ from tokenq.api.deps import AppState
 from tokenq.api.errors import Conflict, InvalidRequest, ModelNotFound, NotFound
 from tokenq.shared import keys
 from tokenq.shared.lora_registry import AdapterAck, AdapterRecord, AdapterRef
-from tokenq.shared.schemas import live_workers
 from tokenq.shared.weights import select_backend
 
 
@@ -164,9 +163,7 @@ async def wait_acks(state: AppState, rec: AdapterRecord, want: int,
 
 
 async def _live_workers(state: AppState, model: str) -> list[str]:
-    raw: dict[str, str] = await state.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
-    live = live_workers(raw, state.settings.worker_ttl_s)
-    return [wid for wid, hb in live.items() if hb.model == model]
+    return [wid for wid, hb in (await state.live_workers()).items() if hb.model == model]
 
 
 def _answer(rec: AdapterRecord, acks: dict[str, AdapterAck], pending: list[str],

@@ -31,13 +31,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from tokenq.api.deps import AppState
 from tokenq.api.errors import BudgetUnreachable, InvalidRequest
 from tokenq.shared import keys
 from tokenq.shared.lua_scripts import Scripts
 from tokenq.shared.model_config import ModelConfig, pool_id
-from tokenq.shared.schemas import Pace, WorkerHeartbeat, live_workers
+from tokenq.shared.schemas import Pace, WorkerHeartbeat
 from tokenq.shared.weights import select_backend
 
 # The pace of a pool nobody has measured, where no pool has been: all pools alike.
@@ -91,23 +92,24 @@ def combined_pace(beats: list[WorkerHeartbeat]) -> Pace | None:
 
 
 def mean_pace(paces: list[Pace]) -> Pace | None:
-    n = sum(p.jobs for p in paces)
     if not paces:
         return None
+    n = sum(p.jobs for p in paces)
     w = [(p.jobs or 1) / (n or len(paces)) for p in paces]
-    return Pace(jobs=n, job_s=sum(x * p.job_s for x, p in zip(w, paces, strict=True)),
-                first_token_s=sum(x * p.first_token_s for x, p in zip(w, paces, strict=True)),
-                decode_tps=sum(x * p.decode_tps for x, p in zip(w, paces, strict=True)),
-                prompt_tps=sum(x * p.prompt_tps for x, p in zip(w, paces, strict=True)))
+
+    def avg(field: str) -> float:
+        return float(sum(x * getattr(p, field) for x, p in zip(w, paces, strict=True)))
+
+    return Pace(jobs=n, job_s=avg("job_s"), first_token_s=avg("first_token_s"),
+                decode_tps=avg("decode_tps"), prompt_tps=avg("prompt_tps"))
 
 
 def estimate(load: PoolLoad, pace: Pace, n_prompt: int, max_tokens: int) -> Estimate:
+    """The formula of the module's docstring (place.lua computes the same in Redis)."""
     slots = max(1, load.slots)
     wait = 0.0 if load.busy < slots else (load.busy - slots + 1) * pace.job_s / slots
-    prompt = n_prompt / pace.prompt_tps if pace.prompt_tps > 0 else pace.first_token_s
-    first = wait + prompt
-    decode = (max(1, max_tokens) - 1) / pace.decode_tps if pace.decode_tps > 0 else 0.0
-    return Estimate(load.name, first, first + decode)
+    prompt, decode = own_times(pace, n_prompt, max_tokens)
+    return Estimate(load.name, wait + prompt, wait + prompt + decode)
 
 
 def choose(loads: list[PoolLoad], n_prompt: int, max_tokens: int, pin: str | None,
@@ -140,11 +142,6 @@ def own_times(pace: Pace, n_prompt: int, max_tokens: int) -> tuple[float, float]
     return first, decode
 
 
-async def _beats(state: AppState) -> list[WorkerHeartbeat]:
-    raw: dict[str, str] = await state.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
-    return list(live_workers(raw, state.settings.worker_ttl_s).values())
-
-
 async def check_budget(state: AppState, model: str, cfg: ModelConfig, priority: str,
                        n_prompt: int, max_tokens: int, budget_ms: int) -> None:
     """A model with one pool: 503 when its first token is estimated past the budget (its
@@ -154,7 +151,7 @@ async def check_budget(state: AppState, model: str, cfg: ModelConfig, priority: 
         for prio in higher:
             pipe.llen(keys.queue(model, prio))
         waiting = sum(await pipe.execute())
-    mine = [b for b in await _beats(state) if (b.pool or b.model) == model]
+    mine = [b for b in (await state.live_workers()).values() if (b.pool or b.model) == model]
     load = PoolLoad("", select_backend(cfg), len(mine), sum(b.slots for b in mine),
                     sum(b.running for b in mine) + waiting, combined_pace(mine))
     choose([load], n_prompt, max_tokens, None, budget_ms)
@@ -172,7 +169,7 @@ async def place(state: AppState, model: str, cfg: ModelConfig, fields: dict[str,
             await check_budget(state, model, cfg, priority, n_prompt, max_tokens, budget_ms)
         return model
     names = list(cfg.pools)
-    beats = await _beats(state)
+    beats = list((await state.live_workers()).values())
     mine = {n: [b for b in beats if b.pool == pool_id(model, n)] for n in names}
     known = mean_pace([p for n in names if (p := combined_pace(mine[n]))]) or PRIOR
     args: list[str | int | float] = [budget_ms or 0]
@@ -190,7 +187,7 @@ async def place(state: AppState, model: str, cfg: ModelConfig, fields: dict[str,
         name, ests = pin or names[0], {}
         await state.redis.hincrby(keys.POOL_LOAD, pool_id(model, name), 1)
     else:
-        got = await Scripts(state.redis, ("place",))["place"](keys=[keys.POOL_LOAD], args=args)
+        got = await _place_script(state)(keys=[keys.POOL_LOAD], args=args)
         ests = {n: [got[1 + 2 * i] / 1000, got[2 + 2 * i] / 1000]
                 for i, n in enumerate(names) if mine[n]}
         if not got[0]:
@@ -204,6 +201,14 @@ async def place(state: AppState, model: str, cfg: ModelConfig, fields: dict[str,
     fields["backend"] = select_backend(cfg.pool(name))
     fields["placement"] = json.dumps(ests)
     return fields["pool"]
+
+
+def _place_script(state: AppState) -> Any:
+    """place.lua, registered once per API process."""
+    script = state.background.get("place_script")
+    if script is None:
+        script = state.background["place_script"] = Scripts(state.redis, ("place",))["place"]
+    return script
 
 
 async def release(state: AppState, pool: str) -> None:

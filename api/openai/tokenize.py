@@ -17,8 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokenq.api import lora_admin
 from tokenq.api.deps import AppState
 from tokenq.api.errors import InvalidRequest, ModelNotFound, Unavailable
-from tokenq.shared import keys
-from tokenq.shared.schemas import ChatMessage, live_workers
+from tokenq.shared.schemas import ChatMessage
 from tokenq.shared.settings import ModelConfig
 from tokenq.shared.weights import select_backend
 
@@ -64,8 +63,7 @@ async def context_length(state: AppState, name: str, cfg: ModelConfig) -> int:
     backend = select_backend(cfg)
     if backend != "vllm" or cfg.max_model_len is not None:
         return cfg.context_length(backend)
-    raw: dict[str, str] = await state.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
-    seen = [hb.max_model_len for hb in live_workers(raw, state.settings.worker_ttl_s).values()
+    seen = [hb.max_model_len for hb in (await state.live_workers()).values()
             if hb.model == name and hb.max_model_len]
     return min(seen) if seen else cfg.context_length(backend)
 

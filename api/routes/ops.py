@@ -14,9 +14,8 @@ from redis.exceptions import RedisError
 
 from tokenq.api import models_admin
 from tokenq.api.deps import MetricsDep, StateDep
-from tokenq.shared import keys, schemas
+from tokenq.shared import keys
 from tokenq.shared.metrics import ClusterMetrics
-from tokenq.shared.schemas import WorkerHeartbeat
 
 router = APIRouter(tags=["ops"])
 log = logging.getLogger(__name__)
@@ -27,15 +26,10 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-async def _live(state: StateDep) -> dict[str, WorkerHeartbeat]:
-    raw: dict[str, str] = await state.redis.hgetall(keys.WORKERS)  # type: ignore[assignment]
-    return schemas.live_workers(raw, state.settings.worker_ttl_s)
-
-
 async def live_workers(state: StateDep) -> dict[str, list[str]]:
     """Model -> ids of workers whose heartbeat is fresh."""
     out: dict[str, list[str]] = {}
-    for wid, hb in (await _live(state)).items():
+    for wid, hb in (await state.live_workers()).items():
         out.setdefault(hb.model, []).append(wid)
     return out
 
@@ -98,7 +92,7 @@ async def metrics_targets(state: StateDep, _who: MetricsDep) -> JSONResponse:
     children, `tokenq up`). Target labels are __meta_ only: the worker's own series already
     carry `model`, and a target label of the same name would rename theirs."""
     groups = []
-    for wid, hb in (await _live(state)).items():
+    for wid, hb in (await state.live_workers()).items():
         if not hb.metrics_port:
             continue
         host = hb.metrics_host or wid.rsplit(":", 1)[0]
@@ -119,7 +113,7 @@ async def metrics(state: StateDep, _who: MetricsDep) -> Response:
     half-fill each other's view while one awaits Redis."""
     m, now = ClusterMetrics(), time.time()
     try:
-        beats = list((await _live(state)).values())
+        beats = list((await state.live_workers()).values())
         for model in state.models:
             depth = 0
             for prio in keys.PRIORITIES:

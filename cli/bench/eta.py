@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import redis
 
-from tokenq.cli.bench.fair import quantile
+from tokenq.cli.bench.fair import quantile, summarise
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
 from tokenq.shared.redis_server import free_port
@@ -129,10 +129,7 @@ def run_eta(cfg: EtaConfig, say: Say = print) -> dict[str, Any]:
     runs = [run_once(cfg, i, say) for i in range(cfg.runs)]
     p90 = [x["p90_rel_error"] for x in runs]
     within = [x["within_25pct"] for x in runs]
-    summary = {"p90_rel_error_median": statistics.median(p90),
-               "p90_rel_error_range": [min(p90), max(p90)],
-               "within_25pct_median": statistics.median(within),
-               "within_25pct_range": [min(within), max(within)],
+    summary = {**summarise("p90_rel_error", p90), **summarise("within_25pct", within),
                "goal_met": statistics.median(p90) <= 0.25}
     say(f"p90 relative error: median {summary['p90_rel_error_median']:.3f} "
         f"(range {min(p90):.3f}-{max(p90):.3f}); within 25%: median "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -70,6 +71,11 @@ def water_fill(demand: dict[str, float], capacity: float) -> dict[str, float]:
             capacity -= d
             del left[t]
     return alloc
+
+
+def summarise(name: str, xs: list[float]) -> dict[str, Any]:
+    """Several runs' figures: `{name}_median` and `{name}_range` ([min, max])."""
+    return {f"{name}_median": statistics.median(xs), f"{name}_range": [min(xs), max(xs)]}
 
 
 def quantile(xs: list[float], q: float) -> float:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from typing import Any
 import httpx
 import redis
 
-from tokenq.cli.bench.fair import quantile
+from tokenq.cli.bench.fair import quantile, summarise
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
 from tokenq.shared.redis_server import free_port
@@ -139,7 +138,6 @@ def run_once(cfg: PlacementConfig, i: int, say: Say) -> dict[str, Any]:
             out: dict[str, Any] = {}
             for name in (("placed", "fast_alone") if i % 2 == 0 else ("fast_alone", "placed")):
                 out[name] = arm(st, r, cfg, None if name == "placed" else "fast")
-                time.sleep(1.0)  # heartbeats show the pools idle again
             r.close()
         finally:
             st.stop()
@@ -155,10 +153,7 @@ def run_placement(cfg: PlacementConfig, say: Say = print) -> dict[str, Any]:
     runs = [run_once(cfg, i, say) for i in range(cfg.runs)]
     ratio = [x["placed"]["ttft_p95_s"] / max(1e-9, x["fast_alone"]["ttft_p95_s"]) for x in runs]
     span = [x["placed"]["makespan_s"] / max(1e-9, x["fast_alone"]["makespan_s"]) for x in runs]
-    summary = {"ttft_p95_ratio_median": statistics.median(ratio),
-               "ttft_p95_ratio_range": [min(ratio), max(ratio)],
-               "makespan_ratio_median": statistics.median(span),
-               "makespan_ratio_range": [min(span), max(span)],
+    summary = {**summarise("ttft_p95_ratio", ratio), **summarise("makespan_ratio", span),
                "rejections": sum(x["placed"]["rejections"] for x in runs),
                "misplaced": sum(x["placed"]["misplaced"] for x in runs)}
     say(f"placed / fast alone: TTFT p95 median {summary['ttft_p95_ratio_median']:.2f}x "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +52,17 @@ def beats(stack: Stack) -> dict[str, WorkerHeartbeat]:
     return {w: WorkerHeartbeat.model_validate_json(v) for w, v in raw.items()}
 
 
-def wait_pools(stack: Stack, pools: set[str], timeout: float = 60) -> None:
+def until(what: str, ok: Callable[[], object], timeout: float) -> None:
+    """Poll `ok` until it holds; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    while {hb.pool for hb in beats(stack).values()} < pools:
-        assert time.monotonic() < deadline, beats(stack)
+    while not ok():
+        assert time.monotonic() < deadline, f"timed out: {what}"
         time.sleep(0.2)
+
+
+def wait_pools(stack: Stack, pools: set[str], timeout: float = 60) -> None:
+    until(f"workers of {pools}", lambda: {hb.pool for hb in beats(stack).values()} >= pools,
+          timeout)
 
 
 def post(client: httpx.Client, **extra: Any) -> httpx.Response:
@@ -89,10 +95,7 @@ def test_a_burst_spills_onto_the_slow_pool_once_the_fast_one_is_estimated_later(
     with httpx.Client(base_url=stack.url, timeout=10) as c:
         warm = [post(c, backend=p).json()["id"] for p in ("fast", "slow") for _ in range(2)]
         wait_terminal(redis_of(stack), warm, 60)
-        deadline = time.monotonic() + 10
-        while not all(hb.pace for hb in beats(stack).values()):
-            assert time.monotonic() < deadline, beats(stack)
-            time.sleep(0.2)
+        until("both pools' pace", lambda: all(hb.pace for hb in beats(stack).values()), 10)
         ids = [post(c).json()["id"] for _ in range(24)]
     wait_terminal(redis_of(stack), ids, 120)
     recs = records(stack, ids)
@@ -158,10 +161,8 @@ def test_the_autoscaler_scales_each_pool_by_its_own_lanes(tmp_path: Path) -> Non
         wait_terminal(r, ids, 120)
         assert [x["status"] for x in records(st, ids)] == ["succeeded"] * 8
         assert scaler.peak[f"{DUO}@slow"] == 2 and scaler.peak[f"{DUO}@fast"] == 0, scaler.peak
-        deadline = time.monotonic() + 60
-        while scaler.procs[f"{DUO}@slow"] or scaler.draining:
-            assert time.monotonic() < deadline, "the slow pool did not scale back to 0"
-            time.sleep(0.2)
+        until("the slow pool back to 0",
+              lambda: not scaler.procs[f"{DUO}@slow"] and not scaler.draining, 60)
     finally:
         stop.set()
         loop.join(10)

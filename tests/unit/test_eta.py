@@ -137,7 +137,11 @@ def test_the_client_and_cli_read_them() -> None:
     assert (job.position, job.eta_s, job.reason) == (4, 1.5, "waiting")
 
 
-def test_the_stream_resends_queued_with_the_waits_reason(r: redis.Redis) -> None:
+def first_two(r: redis.Redis, s: JobStore, job: str,
+              event: str) -> list[tuple[str | None, str, str]]:
+    """What a client of `job` gets first from the SSE handler: the stream's one `queued`
+    event (data `event`; the stream then stays open with nothing more), and the first
+    update the handler sends between events (within 10 s)."""
     import asyncio
     from collections.abc import AsyncIterator
     from types import SimpleNamespace
@@ -146,14 +150,9 @@ def test_the_stream_resends_queued_with_the_waits_reason(r: redis.Redis) -> None
 
     from tokenq.api.queued_updates import with_updates
 
-    s = store(r)
-    for _ in range(3):
-        submit(s, "a")
-    job, _ = submit(s, "a")
-
     async def stream() -> AsyncIterator[tuple[str, str, str]]:
-        yield "1-0", "queued", '{"reason": "loading"}'  # the catalogue's: no position
-        await asyncio.sleep(30)
+        yield "1-0", "queued", event
+        await asyncio.Event().wait()  # open, silent: until the handler is closed
 
     async def run() -> list[tuple[str | None, str, str]]:
         port = r.connection_pool.connection_kwargs["port"]
@@ -166,7 +165,15 @@ def test_the_stream_resends_queued_with_the_waits_reason(r: redis.Redis) -> None
         await state.redis.aclose()
         return got
 
-    got = asyncio.run(asyncio.wait_for(run(), 10))
+    return asyncio.run(asyncio.wait_for(run(), 10))
+
+
+def test_the_stream_resends_queued_with_the_waits_reason(r: redis.Redis) -> None:
+    s = store(r)
+    for _ in range(3):
+        submit(s, "a")
+    job, _ = submit(s, "a")
+    got = first_two(r, s, job, '{"reason": "loading"}')  # the catalogue's: no position
     assert got[0] == ("1-0", "queued", '{"reason": "loading"}')
     assert got[1][0] is None and got[1][1] == "queued"
     assert json.loads(got[1][2]) == {"position": 3, "reason": "loading"}  # no pace yet
@@ -176,13 +183,6 @@ def test_a_job_that_arrives_while_its_model_loads_is_told_so_on_its_stream(
         r: redis.Redis) -> None:
     """Its own `queued` event (at create) says `waiting`; the model's catalogue entry says a
     worker is loading it: the stream's next update says `loading`."""
-    import asyncio
-    from collections.abc import AsyncIterator
-    from types import SimpleNamespace
-
-    import redis.asyncio as aioredis
-
-    from tokenq.api.queued_updates import with_updates
     from tokenq.shared.catalogue import CATALOGUE, CatalogueEntry
     from tokenq.shared.settings import ModelConfig
 
@@ -192,23 +192,7 @@ def test_a_job_that_arrives_while_its_model_loads_is_told_so_on_its_stream(
     r.hset(CATALOGUE, "m", CatalogueEntry(name="m", spec=ModelConfig(backend="fake"),
                                           request={}, loading_since=time.time()
                                           ).model_dump_json())
-
-    async def stream() -> AsyncIterator[tuple[str, str, str]]:
-        yield "1-0", "queued", '{"position": 1, "reason": "waiting"}'
-        await asyncio.sleep(30)
-
-    async def run() -> list[tuple[str | None, str, str]]:
-        port = r.connection_pool.connection_kwargs["port"]
-        state = SimpleNamespace(redis=aioredis.Redis(port=port, db=15), settings=s.s)
-        got = []
-        async for entry in with_updates(state, job, stream(), every_s=0.05):  # type: ignore[arg-type]
-            got.append(entry)
-            if len(got) == 2:
-                break
-        await state.redis.aclose()
-        return got
-
-    got = asyncio.run(asyncio.wait_for(run(), 10))
+    got = first_two(r, s, job, '{"position": 1, "reason": "waiting"}')
     assert got[1][0] is None and json.loads(got[1][2]) == {"position": 1, "reason": "loading"}
 
 
