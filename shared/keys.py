@@ -24,6 +24,10 @@
                                  (fair share, shared/lua/fair.lua)
     tokenq:lane:{model}:{priority}:t:{t}    list  that tenant's waiting job ids, oldest first
     tokenq:lane:{model}:{priority}:empty    string  tickets that found no job (a count)
+    tokenq:lane:{model}:{priority}:ceded    string  slots freed for the lane's next tenant
+                                 and not yet taken (shared/lua/fair_victims.lua)
+    tokenq:lane:{model}:{priority}:held     hash    tenant -> its jobs running (leasing.lua,
+                                 terminal.lua, preempt.lua)
     tokenq:share:{t}             hash    served (decayed tokens), at, weight (fair share)
     tokenq:pool:load             hash    `{model}@{pool}` -> its jobs placed and not ended
                                  (placement: shared/lua/place.lua, terminal.lua)
@@ -145,6 +149,14 @@ def lane(queue_name: str) -> str:
 
 def lane_tenants(lane_prefix: str) -> str:
     return f"{lane_prefix}:tenants"
+
+
+def lane_ceded(lane_prefix: str) -> str:
+    return f"{lane_prefix}:ceded"
+
+
+def lane_held(lane_prefix: str) -> str:
+    return f"{lane_prefix}:held"
 
 
 def lane_list(lane_prefix: str, tenant: str) -> str:

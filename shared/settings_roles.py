@@ -168,6 +168,11 @@ class WorkerSettings(BaseModel):
     # step) and starts no step until the job it preempted for arrives, for at most this
     # long (the time to publish the cancel and fetch that job); 0: no hold, no stop.
     preempt_hold_s: float = Field(default=0.25, ge=0)
+    # Fair share (fair_share on): with every slot taken, a running job of a lane is also
+    # handed back (within preempt_max) when a job of the same lane waits whose tenant was
+    # served less than half as much, weighted, as the running job's tenant; it goes back
+    # into its tenant's list and resumes at its tenant's turn (docs/scheduling.md).
+    preempt_fair: bool = True
 
     # Each worker serves its engine metrics here (0: a free port; advertised in heartbeats).
     metrics_addr: str = "127.0.0.1"

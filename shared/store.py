@@ -162,11 +162,22 @@ class JobStore:
                                         message=message))
 
     def preempt(self, job_id: str, worker: str, attempt: int, queue: str,
-                message: str) -> bool:
-        """Back to `queued` (tokens kept) for a waiting higher-priority job: True if it was."""
+                message: str, ticket: str = "") -> bool:
+        """Back to `queued` (tokens kept) for a waiting higher-priority job, or with the
+        lane's `ticket` for a tenant served far less (preempt.lua): True if it was."""
         return self._run(jobs.preempt(job_id, worker=worker, attempt=attempt, queue=queue,
                                       message=message, now=time.time(),
-                                      maxlen=self.s.stream_maxlen))
+                                      maxlen=self.s.stream_maxlen, ticket=ticket,
+                                      fair=fair_share(self.s)))
+
+    def fair_victims(self, queue: str, running: Sequence[str],
+                     claim_ms: int) -> tuple[str, str | None]:
+        """Which of `running` (most recently started first) to hand back to the lane's
+        next tenant (fair_victims.lua); ('none', None) under FIFO."""
+        if not self.s.fair_share or not running:
+            return "none", None
+        return self._run(jobs.fair_victims(queue, running, claim_ms=claim_ms,
+                                           now=time.time(), fair=fair_share(self.s)))
 
 
 class AsyncJobStore:

@@ -49,7 +49,7 @@ from celery import Celery
 from redis.client import PubSub
 
 from tokenq.shared import keys
-from tokenq.shared.celery_app import task_message
+from tokenq.shared.celery_app import task_message, ticket_message
 from tokenq.shared.metrics import WorkerMetrics
 from tokenq.shared.settings import Settings
 from tokenq.shared.store import JobStore
@@ -72,6 +72,10 @@ IDLE_POLL_S = 0.25
 # its look at most this long (with preempt_poll_s here, 50 ms, 5 of 16 interactive arrivals
 # beside a batch waited 17-50 ms for theirs).
 NEWS_GAP_S = 0.01
+# Fair share: a slot freed for a lane's next tenant (workers/preempt.Preemptor._fair) counts
+# as owed until a take uses it, for at most this long (a freed slot's ticket is taken within
+# tens of ms), so two workers do not both free one for one waiting job.
+FAIR_CLAIM_MS = 1000
 
 
 def _closed(pubsub: PubSub | None) -> None:
@@ -145,7 +149,7 @@ class Preemptor:
         lane's name), at most once per NEWS_GAP_S; else every preempt_poll_s while jobs
         wait or a preemption settles, else every IDLE_POLL_S (a push no script announced:
         kombu restoring a message)."""
-        lanes = [keys.queue(self.model, lane) for lane in LANES]
+        lanes = [keys.queue(self.model, lane) for lane in self._lanes()]
         poll_s = self.settings.worker.preempt_poll_s
         pubsub: PubSub | None = None
         failing = False
@@ -178,6 +182,16 @@ class Preemptor:
                 self._stop.wait(poll_s)
         _closed(pubsub)
 
+    @property
+    def _between_tenants(self) -> bool:
+        """Preemption between tenants of a lane (fair share on, preempt_fair)."""
+        return self.settings.fair_share and self.settings.worker.preempt_fair
+
+    def _lanes(self) -> tuple[str, ...]:
+        """The lanes whose waiting jobs may take a slot: the higher ones, and with
+        preemption between tenants every lane."""
+        return keys.PRIORITIES if self._between_tenants else LANES
+
     def _settling(self) -> bool:
         """Jobs waited at the last look, or a preempted job's slot is not free yet."""
         return self._saw_waiting or any(h.released and not h.done.is_set()
@@ -189,12 +203,13 @@ class Preemptor:
         handles = [h for h in self.publisher.tracked() if not h.released and not h.done.is_set()]
         if not handles or len(handles) < self.engine.slots or not self.engine.healthy():
             return []  # a free slot: Celery hands it the waiting job by itself
+        lanes = self._lanes()
         pipe = self.r.pipeline(transaction=False)
-        for lane in LANES:
+        for lane in lanes:
             pipe.llen(keys.queue(self.model, lane))
-        waiting = dict(zip(LANES, (int(n) for n in pipe.execute()), strict=True))
-        self._saw_waiting = any(waiting.values())
-        if not self._saw_waiting:
+        waiting = dict(zip(lanes, (int(n) for n in pipe.execute()), strict=True))
+        self._saw_waiting = any(waiting.get(lane) for lane in LANES)
+        if not any(waiting.values()):
             return []
         for h in handles:
             pipe.hmget(keys.job(h.job_id), ["priority", "preemptions"])
@@ -202,23 +217,43 @@ class Preemptor:
         running = [Running(h.job_id, rec[0] or "normal", int(rec[1] or 0))
                    for h, rec in zip(handles, recs, strict=True)]
         # Slots of exact jobs count as taken but are never freed for another job.
-        pool = [run for h, run in zip(handles, running, strict=True) if h.preemptable]
-        chosen = set(pick_victims(pool, waiting, self.settings.worker.preempt_max))
-        victims = [(h, run.priority) for h, run in zip(handles, running, strict=True)
-                   if h.job_id in chosen]
-        return self.preempt(victims)
+        pool = [(h, run) for h, run in zip(handles, running, strict=True) if h.preemptable]
+        chosen = set(pick_victims([run for _, run in pool], waiting,
+                                  self.settings.worker.preempt_max))
+        if chosen:
+            return self.preempt([(h, run.priority, False) for h, run in pool
+                                 if run.job_id in chosen])
+        return self._fair(pool, waiting)
 
-    def _write(self, handle: JobHandle, queue: str) -> bool:
+    def _fair(self, pool: Sequence[tuple[JobHandle, Running]],
+              waiting: Mapping[str, int]) -> list[str]:
+        """Fair share: the highest lane with jobs waiting; if its next tenant holds fewer
+        of this worker's slots per weight than another tenant of the lane, that tenant's
+        most recently started job makes room (fair_victims.lua)."""
+        lane = next((lane for lane in keys.PRIORITIES if waiting.get(lane)), None)
+        if lane is None or not self._between_tenants:
+            return []
+        mine = [(h, run) for h, run in pool if run.priority == lane
+                and run.preemptions < self.settings.worker.preempt_max]
+        mine.reverse()  # the most recently started first: the least work lost
+        status, chosen = self.store.fair_victims(keys.queue(self.model, lane),
+                                                 [run.job_id for _, run in mine], FAIR_CLAIM_MS)
+        if status == "claimed":
+            self._saw_waiting = True  # a slot is on its way: look again soon
+        return self.preempt([(h, lane, True) for h, run in mine if run.job_id == chosen])
+
+    def _write(self, handle: JobHandle, queue: str, fair: bool) -> bool:
         """preempt.lua for a stopped victim, tried again while Redis is away (a failover):
         the attempt is already stopped, and one not recorded as preempted would be taken
         over as a lost attempt, counted against max_attempts. The script still finds the
         job ours once Redis is back, lease expired or not, unless a newer attempt took it."""
         delay, deadline = 0.1, time.monotonic() + PREEMPT_WRITE_S
         message = task_message(self.celery, handle.job_id, queue)
+        ticket = ticket_message(self.celery, queue) if fair else ""
         while True:
             try:
                 return self.store.preempt(handle.job_id, self.worker_id, handle.attempt, queue,
-                                          message)
+                                          message, ticket)
             except redis.RedisError as exc:
                 if time.monotonic() + delay > deadline or self._stop.is_set():
                     raise
@@ -226,11 +261,12 @@ class Preemptor:
                 self._stop.wait(delay)
                 delay = min(2.0, delay * 2)
 
-    def preempt(self, victims: Sequence[tuple[JobHandle, str]]) -> list[str]:
+    def preempt(self, victims: Sequence[tuple[JobHandle, str, bool]]) -> list[str]:
         """Stop the engine on each victim (what it generated after its last written step is
-        dropped: the next attempt generates it again), then put it back on its queue."""
+        dropped: the next attempt generates it again), then put it back on its queue
+        (`fair`: into its tenant's list, behind the lane's ticket)."""
         hold = getattr(self.engine, "hold", None)
-        for handle, _ in victims:
+        for handle, _, _ in victims:
             handle.released = True  # the heartbeat stops renewing its lease
             handle.outcome = "preempted"  # what its task thread returns
             self.publisher.drop(handle.job_id, handle.attempt)
@@ -238,13 +274,14 @@ class Preemptor:
             if hold is not None and self.settings.worker.preempt_hold_s > 0:
                 hold(self.settings.worker.preempt_hold_s)  # the waiting job joins next step
         done: list[str] = []
-        for handle, priority in victims:
+        for handle, priority, fair in victims:
             if self.engine.healthy():
                 handle.done.wait(LET_GO_S)  # its steps before the cancel are written
             queue = keys.queue(self.model, priority)
-            ok = self._write(handle, queue)
-            log.info("job %s: preempted for a waiting higher-priority job (%s)",
-                     handle.job_id, "requeued" if ok else "no longer ours")
+            ok = self._write(handle, queue, fair)
+            log.info("job %s: preempted for a waiting %s job (%s)", handle.job_id,
+                     "less-served tenant's" if fair else "higher-priority",
+                     "requeued" if ok else "no longer ours")
             if ok:
                 done.append(handle.job_id)
                 if self.metrics is not None:

@@ -207,7 +207,7 @@ def run_arm(cfg: FairConfig, *, fair: bool, heavy: bool, say: Say) -> dict[str, 
             say(f"  {'fair' if fair else 'FIFO'}{'' if heavy else ', heavy absent'}: "
                 f"Jain per {cfg.window_s:g} s window "
                 f"{', '.join(f'{x:.3f}' for x in out['jain'])}; light p95 queue wait "
-                f"{out['light_wait_p95_s']:.2f} s ({out['light_jobs']} jobs; "
+                f"{out['light_wait_p95_s'] * 1000:.0f} ms ({out['light_jobs']} jobs; "
                 f"{accepted} accepted)")
             r.close()
             return out

@@ -40,8 +40,12 @@ local function charge(share_key, tokens, now, half_s)
 end
 
 -- The tenant's list just got work while it was not backlogged: it joins the lane at its
--- own score, or at the lowest backlogged score when that is higher (its service raised to
--- that level), so idling banks no credit beyond the window. FIFO: at `created`.
+-- own score, or at most BANK below the lowest backlogged score (its service raised to half
+-- that tenant's), so idling banks little credit: it goes first until it has caught up with
+-- half the service of those being served, and it is then behind nobody who was served
+-- less. fair_victims.lua frees a slot for it while it is that far behind. FIFO: at
+-- `created`.
+local BANK = 1  -- log2 units
 local function enter(tenants_key, tenant, share_key, now, half_s, fifo, created)
   if redis.call('ZSCORE', tenants_key, tenant) then return end
   if fifo == '1' then
@@ -51,9 +55,11 @@ local function enter(tenants_key, tenant, share_key, now, half_s, fifo, created)
   local served, weight = served_now(share_key, now, half_s)
   local own = share_score(served, weight, now, half_s)
   local low = redis.call('ZRANGE', tenants_key, 0, 0, 'WITHSCORES')[2]
-  if low and tonumber(low) > own then
-    own = tonumber(low)
-    set_served(share_key, weight * 2 ^ (own - now / half_s), now, half_s)
+  -- (a raise to less than one token is none: a score at the floor reads as no service)
+  local raised = low and weight * 2 ^ (tonumber(low) - BANK - now / half_s)
+  if raised and raised >= 1 and tonumber(low) - BANK > own then
+    own = tonumber(low) - BANK
+    set_served(share_key, raised, now, half_s)
   end
   redis.call('ZADD', tenants_key, num(own), tenant)
 end
@@ -70,4 +76,11 @@ local function rescore(tenants_key, tenant, list_key, score, fifo)
   elseif score then
     redis.call('ZADD', tenants_key, num(score), tenant)
   end
+end
+
+-- A take used a slot the preemptor freed for the lane (fair_victims.lua), if one was owed.
+local function used_ceded(ceded_key)
+  local n = tonumber(redis.call('GET', ceded_key))
+  if not n then return end
+  if n <= 1 then redis.call('DEL', ceded_key) else redis.call('DECR', ceded_key) end
 end

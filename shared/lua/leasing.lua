@@ -52,6 +52,11 @@ local function lease_job(job_key, events_key, lease_key, running_key, worker, le
   end
   redis.call('SET', lease_key, worker .. '|' .. attempts, 'PX', lease_ms)
   redis.call('ZADD', running_key, now, job_key)
+  local lane, tenant = redis.call('HGET', job_key, 'lane'), redis.call('HGET', job_key, 'lane_tenant')
+  if lane and tenant and not redis.call('HGET', job_key, 'held') then  -- once (a takeover: held)
+    redis.call('HSET', job_key, 'held', '1')
+    redis.call('HINCRBY', lane .. ':held', tenant, 1)
+  end
   redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'e', 'started',
              'd', cjson.encode({attempt = attempts, worker = worker}))
   redis.pcall('PUBLISH', events_key, '')  -- a hint for the API's readers (terminal.lua)

@@ -40,7 +40,10 @@ for _ = 1, MAX_SKIP do
       score = charge('@SHARE_PREFIX@' .. tenant, est, t_now, half_s)
     end
     rescore(tenants_key, tenant, list_key, score, fifo)
-    if got[1] == 'ok' then note_take(lane, t_now) end
+    if got[1] == 'ok' then
+      note_take(lane, t_now)
+      used_ceded(lane .. ':ceded')
+    end
     if got[1] ~= 'ok' then return {got[1], job_id} end
     return {'ok', job_id, got[2], got[3], got[4]}
   end

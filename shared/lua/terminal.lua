@@ -63,6 +63,17 @@ local function leave_queue(job_key)
   redis.call('ZREM', '@QUEUED@', job_key)
 end
 
+-- The job no longer holds a slot of its lane (fair share: fair_victims.lua reads the
+-- counts `{lane}:held`, tenant -> its running jobs; leasing.lua counts a job up once).
+local function unhold(job_key)
+  local h = redis.call('HMGET', job_key, 'held', 'lane', 'lane_tenant')
+  if not h[1] then return end
+  redis.call('HDEL', job_key, 'held')
+  if redis.call('HINCRBY', h[2] .. ':held', h[3], -1) <= 0 then
+    redis.call('HDEL', h[2] .. ':held', h[3])
+  end
+end
+
 -- The one terminal transition (finish, a queued job cancelled, expiry, exhaustion): the
 -- state and its fields, the terminal event, out of the running index, the bookkeeping
 -- above, and the TTL the record and its stream keep from now on.
@@ -76,6 +87,7 @@ local function end_job(job_key, events_key, running_key, state, fields, event, d
   -- the stream at its full-read interval.
   redis.pcall('PUBLISH', events_key, '')
   redis.call('ZREM', running_key, job_key)
+  unhold(job_key)
   local ttl = on_terminal(job_key, state, now, default_ttl)
   redis.call('EXPIRE', job_key, ttl)
   redis.call('EXPIRE', events_key, ttl)

@@ -161,5 +161,5 @@ def test_a_preemption_is_written_once_redis_is_back() -> None:
                          celery=create_celery(Settings(redis_url="redis://127.0.0.1:1/0")),
                          _stop=threading.Event())
     handle = SimpleNamespace(job_id=JOB, attempt=1)
-    assert Preemptor._write(me, handle, "q") is True  # type: ignore[arg-type]
+    assert Preemptor._write(me, handle, "q", False) is True  # type: ignore[arg-type]
     assert len(calls) == 3

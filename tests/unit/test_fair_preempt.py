@@ -1,0 +1,115 @@
+"""Fair share's preemption in Redis (shared/lua/fair_victims.lua, preempt.lua with a
+ticket, pick.lua): which running job makes room for the lane's next tenant, and where it
+goes back."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from tests.unit.test_fair_share import TICKET, Q, owner, store, submit, take
+from tokenq.shared import keys
+from tokenq.shared.jobs import Ending
+from tokenq.shared.store import JobStore
+
+LANE = keys.lane(Q)
+
+
+def running(r: redis.Redis, ids: list[str]) -> list[str]:
+    """`ids` as the preemptor passes them: the most recently started first."""
+    assert all(r.hget(keys.job(j), "state") == "running" for j in ids)
+    return list(reversed(ids))
+
+
+def hand_back(s: JobStore, job_id: str) -> None:
+    attempt = int(s.r.hget(keys.job(job_id), "attempts") or 0)
+    assert s.preempt(job_id, "w", attempt, Q, "job-bound message (unused)", TICKET)
+
+
+def test_a_tenant_holding_every_slot_makes_room_for_a_newcomer(r: redis.Redis) -> None:
+    s = store(r)
+    submit(s, "a", 6)
+    slots = take(s, 2)  # a holds both slots, 4 more of a's wait
+    submit(s, "b", 1)
+    assert r.hgetall(keys.lane_held(LANE)) == {"a": "2"}
+    assert s.fair_victims(Q, running(r, slots), 1000) == ("ok", "a-1")  # the newest
+    # A second look (another worker's preemptor) frees nothing more: one is on its way.
+    assert s.fair_victims(Q, running(r, slots), 1000) == ("claimed", None)
+    hand_back(s, "a-1")
+    rec = r.hgetall(keys.job("a-1"))
+    assert rec["state"] == "queued" and rec["preemptions"] == "1" and "charged" not in rec
+    assert r.lindex(keys.lane_list(LANE, "a"), 0) == "a-1"  # the head of its tenant's list
+    # a ticket at the far end: 7 created (the takes here pop none) and this one
+    assert r.lindex(Q, 0) == TICKET and r.llen(Q) == 8
+    # The freed slot's take goes to b, not back to a's job; the claim is used up.
+    assert take(s, 1) == ["b-0"]
+    assert r.get(keys.lane_ceded(LANE)) is None
+    assert r.hgetall(keys.lane_held(LANE)) == {"a": "1", "b": "1"}
+    # One slot each now: nobody is owed another (b has nothing waiting, a is next).
+    assert s.fair_victims(Q, running(r, ["a-0", "b-0"]), 1000) == ("none", None)
+    # a's handed-back job resumes first of a's.
+    assert take(s, 1) == ["a-1"]
+    # Ending a job gives its slot back to the count.
+    r.hset(keys.job("b-0"), "n_tokens", 1)
+    assert s.finish(Ending("b-0", 1, "succeeded", {}, "done", "{}"))
+    assert r.hgetall(keys.lane_held(LANE)) == {"a": "2"}
+
+
+def test_slots_are_counted_over_every_worker(r: redis.Redis) -> None:
+    s = store(r)
+    submit(s, "a", 6)
+    take(s, 3, worker="w1")
+    here = take(s, 1, worker="w2")  # a holds 4 slots, one of them on this worker
+    submit(s, "b", 1)
+    assert s.fair_victims(Q, running(r, here), 1000) == ("ok", "a-3")
+
+
+def test_the_less_served_tenant_is_never_the_one_to_make_room(r: redis.Redis) -> None:
+    s = store(r)
+    slots = take(s, 0) + [j for j in submit(s, "b", 2) if take(s, 1)]  # b holds both slots
+    r.hset(keys.share("a"), mapping={"served": 1e6, "at": repr(time.time())})
+    submit(s, "a", 1)  # a, served far more, waits and is the lane's next tenant
+    assert s.fair_victims(Q, running(r, slots), 1000) == ("none", None)
+    # The same with a served as little as b: a gets one of b's two slots.
+    r.hset(keys.share("a"), "served", 1)
+    r.zadd(keys.lane_tenants(LANE), {"a": 0})
+    assert s.fair_victims(Q, running(r, slots), 1000) == ("ok", "b-1")
+
+
+def test_weights_share_the_slots(r: redis.Redis) -> None:
+    s = store(r)
+    submit(s, "a", 6, weight=3)
+    slots = take(s, 2)
+    submit(s, "b", 2)
+    tenants = keys.lane_tenants(LANE)
+    # b served as much as a (weighted): only the slot counts speak. a at weight 3 holding
+    # 2 slots (2/3 a weight) against b's 1 with one more: nothing owed.
+    r.zadd(tenants, {"b": float(r.zscore(tenants, "a") or 0) - 1e-6})
+    assert s.fair_victims(Q, running(r, slots), 1000) == ("none", None)
+    # At weight 1 a holds twice what b would: b is owed one of a's.
+    r.hset(keys.share("a"), "weight", 1)
+    assert s.fair_victims(Q, running(r, slots), 1000) == ("ok", "a-1")
+
+
+def test_a_tenant_far_behind_is_owed_a_slot_however_few_others_hold(r: redis.Redis) -> None:
+    s = store(r)
+    submit(s, "a", 5, est=1000)
+    take(s, 1, worker="elsewhere")  # a holds 1 slot and was served 1,000 tokens
+    submit(s, "b", 1)
+    submit(s, "c", 1)
+    here = take(s, 2)  # b and c go first (they came back behind a, at 500)
+    assert sorted(owner(j) for j in here) == ["b", "c"]
+    submit(s, "d", 1)  # d comes back one step below a: owed a slot though a holds only 1
+    assert s.fair_victims(Q, ["a-0"], 1000) == ("ok", "a-0")
+    # b and c, served about as little as d, hold one slot each: nothing is taken from them
+    r.delete(keys.lane_ceded(LANE))
+    assert s.fair_victims(Q, running(r, here), 1000) == ("none", None)
+
+
+def test_fifo_never_preempts_between_tenants(r: redis.Redis) -> None:
+    s = store(r, fair=False)
+    submit(s, "a", 4)
+    slots = take(s, 2)
+    submit(s, "b", 1)
+    assert s.fair_victims(Q, running(r, slots), 1000) == ("none", None)
