@@ -136,6 +136,22 @@ def test_prefix_reuse_skips_the_shared_template(tmp_path: Path) -> None:
         eng.close()
 
 
+def test_a_fresh_engine_starts_with_the_template_opening_in_every_slot(tmp_path: Path) -> None:
+    """The first burst after start (one chat job per slot, nothing run before) keeps the
+    chat template's opening (SmolLM2's default system prompt) in every slot."""
+    eng, col = start_engine(tmp_path, prefix_cache=True)
+    try:
+        assert eng.prefix_reused_tokens == 0
+        ids = [f"cold-{i}" for i in range(eng.slots)]
+        for i, job_id in enumerate(ids):
+            eng.submit(request(job_id, f"Say something about the number {i}.", 8))
+        col.wait(ids)
+        assert all(col.finished[j].reason in ("stop", "length") for j in ids)
+        assert eng.prefix_reused_tokens >= eng.slots * 20, eng.prefix_reused_tokens
+    finally:
+        eng.close()
+
+
 @pytest.mark.parametrize("ram_mb", [512, 0])
 def test_a_reused_slots_cells_come_back_from_host_memory(tmp_path: Path, ram_mb: int) -> None:
     """One slot: job B overwrites job A's cells, which were first copied to host memory;

@@ -63,7 +63,7 @@ from tokenq.workers.engines.llamacpp_sampling import (
     row_logprobs,
 )
 from tokenq.workers.engines.llamacpp_seq import Seq, fork, share_prefill, undo
-from tokenq.workers.engines.llamacpp_slots import SlotPool
+from tokenq.workers.engines.llamacpp_slots import SlotPool, warm_slots
 
 __all__ = ["LlamaCppEngine", "Vocab"]
 
@@ -125,6 +125,8 @@ class LlamaCppEngine:
         self._decode_seq0(tokens[-1:], len(tokens))
         self.budget.observe(1, 0, time.perf_counter() - t0)
         ll.llama_memory_seq_rm(self.mem, 0, -1, -1)
+        if self.cfg.prefix_cache:  # each slot holds the chat template's opening
+            warm_slots(self.vocab, self.ctx, self.batch, self.cfg.n_batch, self.pool)
 
     def _decode_seq0(self, tokens: list[int], pos0: int) -> None:
         n = fill(self.batch, 0, tokens, pos0, 0)

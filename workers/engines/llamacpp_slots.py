@@ -13,17 +13,22 @@ that prefix takes: a preempted batch job resumes without prefilling again.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any
 
 import llama_cpp as ll
 
+from tokenq.shared.vocab import Vocab
+from tokenq.workers.engines.llamacpp_context import fill
 from tokenq.workers.engines.llamacpp_lora import BASE
 from tokenq.workers.engines.llamacpp_ramcache import MIN_TOKENS, RamCache
 
 # A cached prefix must save this many more prompt tokens than the lowest free slot's to
 # take a slot off the low ids (SlotPool.take).
 SPREAD_MIN_TOKENS = 64
+# A user message no template writes anything like (warm_slots cuts the prompt there).
+WARM_MARK = "\x00tokenq-user\x00"
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +92,10 @@ class SlotPool:
             n += 1
         return n
 
+    def seed(self, seq_id: int, group: int, cached: list[int]) -> None:
+        """The free slot `seq_id` holds the KV of `cached` (warm_slots)."""
+        self._cached[seq_id] = (group, cached)
+
     def give_back(self, seq_id: int, group: int, cached: list[int] | None) -> None:
         """Free a slot. `cached`: the tokens at positions [0, len) its cells hold, kept for
         the next job with that prefix; None drops its KV (after a failed decode it may be
@@ -96,3 +105,39 @@ class SlotPool:
         else:
             self._cached[seq_id] = (group, cached)
         self.free.append(seq_id)
+
+
+def template_head(vocab: Vocab) -> list[int]:
+    """The tokens every chat prompt of this vocabulary starts with, whatever the user
+    writes (the template's opening: SmolLM2's default system prompt, 24 tokens); [] for a
+    model without a chat template."""
+    try:
+        text = vocab.render(None, [{"role": "user", "content": WARM_MARK}])
+    except ValueError:
+        return []
+    full, head = vocab.tokenize(text), vocab.tokenize(text.split(WARM_MARK)[0])
+    same = itertools.takewhile(lambda ab: ab[0] == ab[1], zip(full, head, strict=False))
+    return [a for a, _ in same]
+
+
+def warm_slots(vocab: Vocab, ctx: Any, batch: Any, rows: int, pool: SlotPool) -> int:
+    """Prefill the template's opening into every free slot in one decode and record it as
+    their cached prefix, as a slot keeps its last job's prompt: the first burst of chat
+    requests after a worker starts keeps that much of each prompt instead of prefilling it
+    (a cold worker's first round: docs/benchmarks.md). The tokens per slot, 0 for none."""
+    slots = sorted(pool.free)
+    tokens = template_head(vocab)[:rows // max(len(slots), 1)]
+    if len(tokens) < 2 or not slots:
+        return 0
+    n = 0
+    for sid in slots:
+        n = fill(batch, n, tokens, 0, sid)
+    batch.logits[n - 1] = 1
+    batch.n_tokens = n
+    if ll.llama_decode(ctx, batch) != 0:
+        for sid in slots:
+            ll.llama_memory_seq_rm(pool.mem, sid, -1, -1)
+        return 0
+    for sid in slots:
+        pool.seed(sid, BASE, tokens)
+    return len(tokens)
