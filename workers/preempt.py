@@ -25,6 +25,12 @@ arrives, so its prompt goes into the very next step rather than behind the rest 
 batch step; the batch's streams sit that step out (workers/engines/budget.py), so it is no
 longer than the prompt's own.
 
+Between tenants of one lane (fair share on, `preempt_fair`): when nothing waits in a
+higher lane, a running job of the lane also makes room for the lane's next tenant when its
+own tenant holds more of the lane's slots per weight or was served far more
+(shared/lua/fair_victims.lua). It goes back into its tenant's list rather than first of
+its lane, so the freed slot's take goes to the waiting tenant (docs/scheduling.md).
+
 A llama.cpp worker keeps the preempted job's KV cells in host memory
 (workers/engines/llamacpp_ramcache.py) when the waiting job takes its slot: resumed on
 the same worker, it gets them back instead of prefilling its prompt and tokens again.
@@ -227,9 +233,10 @@ class Preemptor:
 
     def _fair(self, pool: Sequence[tuple[JobHandle, Running]],
               waiting: Mapping[str, int]) -> list[str]:
-        """Fair share: the highest lane with jobs waiting; if its next tenant holds fewer
-        of this worker's slots per weight than another tenant of the lane, that tenant's
-        most recently started job makes room (fair_victims.lua)."""
+        """Preemption between tenants: for the highest lane with jobs waiting, the running
+        job here (below preempt_max) that fair_victims.lua picks to make room for the
+        lane's next tenant: one of a tenant holding more of the lane's slots per weight
+        (counted over every worker) and served no less, or served far more."""
         lane = next((lane for lane in keys.PRIORITIES if waiting.get(lane)), None)
         if lane is None or not self._between_tenants:
             return []
