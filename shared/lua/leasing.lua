@@ -52,10 +52,10 @@ local function lease_job(job_key, events_key, lease_key, running_key, worker, le
   end
   redis.call('SET', lease_key, worker .. '|' .. attempts, 'PX', lease_ms)
   redis.call('ZADD', running_key, now, job_key)
-  local lane, tenant = redis.call('HGET', job_key, 'lane'), redis.call('HGET', job_key, 'lane_tenant')
-  if lane and tenant and not redis.call('HGET', job_key, 'held') then  -- once (a takeover: held)
+  local h = redis.call('HMGET', job_key, 'lane', 'lane_tenant', 'held')
+  if h[1] and h[2] and not h[3] then  -- counted once (a takeover's job is held already)
     redis.call('HSET', job_key, 'held', '1')
-    redis.call('HINCRBY', lane .. ':held', tenant, 1)
+    redis.call('HINCRBY', h[1] .. ':held', h[2], 1)
   end
   redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'e', 'started',
              'd', cjson.encode({attempt = attempts, worker = worker}))

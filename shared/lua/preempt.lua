@@ -8,9 +8,8 @@
 -- service, fair_victims.lua) the job goes back to the head of its tenant's list instead, its
 -- tenant back among the lane's backlogged (enter: a score it has there stays), its charge
 -- refunded (the take that resumes it charges it again, finish.lua corrects that one), and
--- the ticket goes to the far end
--- of the queue: the freed slot takes the lane's least-served tenant's job, and this one
--- resumes at its tenant's turn.
+-- the ticket goes to the far end of the queue: the freed slot takes the lane's least-served
+-- tenant's job, and this one resumes at its tenant's turn.
 -- Returns 1 preempted, 0 not ours (a newer attempt's, or no longer running).
 --#include terminal
 --#include fair
