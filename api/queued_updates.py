@@ -55,30 +55,37 @@ async def with_updates(state: AppState, job_id: str, events: AsyncIterator[Entry
     nxt: asyncio.Task[Any] | None = None
     try:
         while True:
-            if nxt is None:
-                nxt = asyncio.ensure_future(anext(it))
-            done, _ = await asyncio.wait({nxt}, timeout=every_s if waiting else None)
-            if not done:
-                est = await eta.estimate(state.redis, job_id, fair_share(state.settings))
-                if est is None:
-                    waiting = False
+            if not waiting and nxt is None:
+                # Running: no timer to race, so no task and no wait per token (the hot path)
+                try:
+                    entry = await anext(it)
+                except StopAsyncIteration:
+                    return
+            else:
+                if nxt is None:
+                    nxt = asyncio.ensure_future(anext(it))
+                done, _ = await asyncio.wait({nxt}, timeout=every_s if waiting else None)
+                if not done:
+                    est = await eta.estimate(state.redis, job_id, fair_share(state.settings))
+                    if est is None:
+                        waiting = False
+                        continue
+                    # a `loading` wait stays `loading`; a job that arrived while its model
+                    # was loading (its `queued` event said `waiting`) says so once it is
+                    if model is None:
+                        raw = await state.redis.hget(keys.job(job_id), "model") or ""
+                        model = raw.decode() if isinstance(raw, bytes) else str(raw)
+                    now_loading = bool(model) and await _loading(state, model)
+                    est = replace(est, reason="loading" if now_loading else reason)
+                    if est.moved(last):
+                        last = est
+                        yield None, "queued", dumps(est.data())
                     continue
-                # a `loading` wait stays `loading`; a job that arrived while its model was
-                # loading (its `queued` event said `waiting`) says so once it is
-                if model is None:
-                    raw = await state.redis.hget(keys.job(job_id), "model") or ""
-                    model = raw.decode() if isinstance(raw, bytes) else str(raw)
-                now_loading = bool(model) and await _loading(state, model)
-                est = replace(est, reason="loading" if now_loading else reason)
-                if est.moved(last):
-                    last = est
-                    yield None, "queued", dumps(est.data())
-                continue
-            try:
-                entry = nxt.result()
-            except StopAsyncIteration:
-                return
-            nxt = None
+                try:
+                    entry = nxt.result()
+                except StopAsyncIteration:
+                    return
+                nxt = None
             _, event, data = entry
             waiting = event == "queued"
             if waiting:  # (a `loading` event may carry no position: its reason counts)

@@ -10,6 +10,7 @@ A second signal exits at once.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from types import FrameType
@@ -17,6 +18,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from tokenq.api import sse
 from tokenq.api.app import app_from_env
 from tokenq.api.deps import AppState
 from tokenq.shared import logs
@@ -48,6 +50,10 @@ class DrainingServer(uvicorn.Server):
             super(DrainingServer, self).handle_exit(sig, frame)
 
         threading.Thread(target=finish, name="tokenq-api-drain", daemon=True).start()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        sse.close_all()  # open event streams end cleanly; their clients resume elsewhere
+        await super().shutdown(sockets)
 
 
 def serve(host: str, port: int) -> None:

@@ -17,9 +17,8 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from tokenq.api import service
+from tokenq.api import service, sse
 from tokenq.api.deps import AppState
 from tokenq.api.errors import Conflict, InvalidRequest, JobExpired, JobFailed, TokenqError
 from tokenq.api.openai.protocol import (
@@ -56,9 +55,9 @@ async def create(state: AppState, tenant: str, endpoint: str,
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         s = state.settings
-        return EventSourceResponse(
+        return sse.EventStream(
             _chunks(state, tenant, endpoint, jobs, body.model, include_usage, plan),
-            ping=s.api.sse_ping_s, send_timeout=s.api.sse_send_timeout_s, headers=headers)
+            ping_s=s.api.sse_ping_s, send_timeout_s=s.api.sse_send_timeout_s, headers=headers)
     ended = await await_all(state, tenant, jobs, request, want_lp)
     recs = [raise_for_state(rec) for rec, _ in ended]
     lps = [lp for _, lp in ended] if want_lp else None
@@ -147,7 +146,7 @@ async def await_all(state: AppState, tenant: str, jobs: list[str], request: Requ
 
 async def _chunks(state: AppState, tenant: str, endpoint: str, jobs: list[str], model: str,
                   include_usage: bool, plan: Plan | None = None
-                  ) -> AsyncIterator[ServerSentEvent]:
+                  ) -> AsyncIterator[bytes]:
     """The choices' event streams merged into one chunk stream (choice i = jobs[i]). With
     tools, each choice's text goes through a ToolStream: content and tool-call deltas."""
     created, first = now(), jobs[0]
@@ -158,8 +157,8 @@ async def _chunks(state: AppState, tenant: str, endpoint: str, jobs: list[str], 
         async for _, event, raw in service.events(state, jobs[i], None):
             await merged.put((i, event, raw))
 
-    def sse(obj: dict[str, Any]) -> ServerSentEvent:
-        return ServerSentEvent(data=dumps(obj))
+    def out(obj: dict[str, Any]) -> bytes:
+        return sse.event(dumps(obj))
 
     relays = [asyncio.create_task(relay(i)) for i in range(len(jobs))]
     offsets = [0] * len(jobs)  # completions' text_offset per choice
@@ -169,7 +168,7 @@ async def _chunks(state: AppState, tenant: str, endpoint: str, jobs: list[str], 
     try:
         if endpoint == ChatEndpoint:
             for i in range(len(jobs)):
-                yield sse(chunk(endpoint, first, model, created, role=True, text="", index=i))
+                yield out(chunk(endpoint, first, model, created, role=True, text="", index=i))
         while open_:
             i, event, raw = await merged.get()
             data = json.loads(raw)
@@ -181,13 +180,13 @@ async def _chunks(state: AppState, tenant: str, endpoint: str, jobs: list[str], 
                           else completion_logprobs([entry], offsets[i]))
                     offsets[i] += len(entry["token"])
                 if tools is None:
-                    yield sse(chunk(endpoint, first, model, created, text=data["text"],
+                    yield out(chunk(endpoint, first, model, created, text=data["text"],
                                     index=i, logprobs=lp))
                     continue
                 if entry is not None:  # a token's logprobs ride on the next delta sent
                     held[i].append(entry)
                 for d in tools[i].feed(data["text"]):
-                    yield sse(chunk(endpoint, first, model, created, index=i, delta=d,
+                    yield out(chunk(endpoint, first, model, created, index=i, delta=d,
                                     logprobs=chat_logprobs(held[i]) if held[i] else None))
                     held[i] = []
             elif event == "done":
@@ -198,11 +197,11 @@ async def _chunks(state: AppState, tenant: str, endpoint: str, jobs: list[str], 
                 reason = data["finish_reason"]
                 if tools is not None:
                     for d in tools[i].finish():
-                        yield sse(chunk(endpoint, first, model, created, index=i, delta=d,
+                        yield out(chunk(endpoint, first, model, created, index=i, delta=d,
                                         logprobs=chat_logprobs(held[i]) if held[i] else None))
                         held[i] = []
                     reason = finish_reason(plan, tools[i].called, reason)
-                yield sse(chunk(endpoint, first, model, created, index=i,
+                yield out(chunk(endpoint, first, model, created, index=i,
                                 text=None if tools is not None else "",
                                 finish_reason=reason))
             elif event in ("error", "cancelled"):
@@ -210,13 +209,13 @@ async def _chunks(state: AppState, tenant: str, endpoint: str, jobs: list[str], 
                 # the other choices stop with it.
                 code = data.get("code", "cancelled")
                 msg = data.get("message", f"job {jobs[i]} was cancelled")
-                yield sse({"error": {"message": msg, "type": "server_error", "code": code,
+                yield out({"error": {"message": msg, "type": "server_error", "code": code,
                                      "param": None}})
                 break
         if not open_ and include_usage:
-            yield sse(chunk(endpoint, first, model, created,
+            yield out(chunk(endpoint, first, model, created,
                             usage_=usage(prompt_tokens, completion_tokens)))
-        yield ServerSentEvent(data="[DONE]")
+        yield sse.event("[DONE]")
     finally:
         for task in relays:
             task.cancel()

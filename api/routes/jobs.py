@@ -7,10 +7,9 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from tokenq.api import idempotency, joblist, queued_updates, service
+from tokenq.api import idempotency, joblist, queued_updates, service, sse
 from tokenq.api.deps import AppState, StateDep, TenantDep
 from tokenq.api.errors import InvalidRequest, RateLimited
 from tokenq.api.streams import BadCursor, is_valid_id
@@ -56,7 +55,7 @@ async def cancel_job(job_id: str, state: StateDep, tenant: TenantDep) -> JobReco
     return await service.cancel(state, tenant, job_id)
 
 
-@router.get("/{job_id}/events", response_class=EventSourceResponse, response_model=None)
+@router.get("/{job_id}/events", response_class=sse.EventStream, response_model=None)
 async def job_events(
     job_id: str, state: StateDep, tenant: TenantDep,
     last_event_id: str | None = Header(default=None, alias="Last-Event-ID"),
@@ -91,26 +90,26 @@ async def job_events(
             released = True
             state.open_streams[tenant] -= 1
 
-    async def gen() -> AsyncIterator[ServerSentEvent]:
+    async def gen() -> AsyncIterator[bytes]:
         ended = False
         try:
             async for entry_id, event, data in queued_updates.with_updates(
                     state, job_id, service.events(state, job_id, after)):
                 ended = event in TERMINAL_EVENTS
-                yield ServerSentEvent(id=entry_id, event=event, data=data)
+                yield sse.event(data, event=event, id=entry_id)
         except BadCursor:
             # Redis refused this stream's cursor: this stream ends, no other one does.
-            yield ServerSentEvent(event="error", data=dumps({
+            yield sse.event(dumps({
                 "code": "invalid_cursor", "message": "the stream cannot be read from this "
-                "Last-Event-ID; reconnect without it"}))
+                "Last-Event-ID; reconnect without it"}), event="error")
         finally:
             release()
             if cancel_on_disconnect and not ended:
                 cancel_soon(state, tenant, job_id)
 
     s = state.settings
-    return EventSourceResponse(gen(), ping=s.api.sse_ping_s, send_timeout=s.api.sse_send_timeout_s,
-                               background=BackgroundTask(release))
+    return sse.EventStream(gen(), ping_s=s.api.sse_ping_s, send_timeout_s=s.api.sse_send_timeout_s,
+                           background=BackgroundTask(release))
 
 
 _background: set[asyncio.Task[object]] = set()
