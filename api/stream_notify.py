@@ -25,11 +25,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
+
+try:  # the value redis-py's hiredis reader returns for "no complete reply yet"
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
+except ImportError:  # pragma: no cover - a redis-py without it: replies are read one by one
+    _NOT_ENOUGH_DATA = None
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +130,11 @@ class StreamNotifier:
                     await self._conn.send_command("PING", check_health=False)
                     pinged = True
                     continue
+                self._handle(reply)
+                for reply in _parsed_replies(self._conn):
+                    if isinstance(reply, Exception):
+                        raise reply
+                    self._handle(reply)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any failure: a fresh connection, all subscribed again
@@ -145,11 +155,13 @@ class StreamNotifier:
                 continue
             delay = 0.05
             pinged = False
-            if isinstance(reply, list) and len(reply) >= 3:
-                if reply[0] == "message":
-                    self._on_hint(reply[1], reply[2] if isinstance(reply[2], str) else "")
-                elif reply[0] == "subscribe":
-                    self._on_hint(reply[1], "")
+
+    def _handle(self, reply: Any) -> None:
+        if isinstance(reply, list) and len(reply) >= 3:
+            if reply[0] == "message":
+                self._on_hint(reply[1], reply[2] if isinstance(reply[2], str) else "")
+            elif reply[0] == "subscribe":
+                self._on_hint(reply[1], "")
 
     async def _write(self) -> None:
         while not self._closing:
@@ -184,3 +196,15 @@ class StreamNotifier:
                 self.unwant(channel)
             for channel in remove & self._wanted:
                 self.want(channel)
+
+
+def _parsed_replies(conn: Any) -> Iterator[Any]:
+    """The replies already complete in the connection's hiredis buffer, taken without an
+    await or a timeout scope each (a busy stream hub gets hundreds of messages per socket
+    read: redis-py's read_response enters a timeout scope per reply, which was most of the
+    notifier's cost per token). Nothing when the parser is not hiredis's."""
+    reader = getattr(getattr(conn, "_parser", None), "_reader", None)
+    if reader is None or _NOT_ENOUGH_DATA is None:
+        return
+    while (reply := reader.gets()) is not _NOT_ENOUGH_DATA and reply is not False:
+        yield reply

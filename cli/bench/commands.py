@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -206,6 +207,8 @@ def scale(
         help="tok/s the synthetic source writes to the streams (2000)")] = None,
     posts: Annotated[int | None, typer.Option(help="POST /v1/jobs count (2000)")] = None,
     backlog: Annotated[int | None, typer.Option(help="backlog jobs (50000)")] = None,
+    relay: Annotated[bool, typer.Option(
+        help="also serve (a)'s traffic from a minimal relay, the API's bound")] = True,
     json_out: Json = False,
 ) -> None:
     """The queue itself, no model: SSE fan-out, POST /v1/jobs/s, memory, a backlog.
@@ -214,8 +217,8 @@ def scale(
     memory per job, a backlog drained with every job ending exactly once."""
     from tokenq.cli.bench.scale import ScaleConfig, run_scale
 
-    cfg = ScaleConfig.from_flags(quick, clients=clients, token_rate=token_rate, posts=posts,
-                                 backlog=backlog)
+    cfg = replace(ScaleConfig.from_flags(quick, clients=clients, token_rate=token_rate,
+                                         posts=posts, backlog=backlog), relay=relay)
     emit(run_scale(cfg, (lambda _: None) if json_out else typer.echo), json_out)
 
 

@@ -58,6 +58,7 @@ class ScaleConfig:
     # The drain may take this long, plus a second per 100 jobs: a slow 2-core VM drains
     # ~200 instant jobs/s, so 100,000 jobs need ~500 s
     drain_limit_s: float = 180.0
+    relay: bool = True  # (a) again from the minimal relay (cli/bench/relay.py): the bound
 
     @classmethod
     def quick(cls) -> ScaleConfig:
@@ -294,7 +295,7 @@ def run_scale(cfg: ScaleConfig, say: Say = print, state_dir: Path | None = None)
                 f"{psutil.getloadavg()[0]:.1f} at the start")
             t0 = time.monotonic()
             a = part_sse(stack, key, meter, r, say, model=SSE_MODEL, clients=cfg.clients,
-                         rate=cfg.token_rate, seconds=cfg.stream_s)
+                         rate=cfg.token_rate, seconds=cfg.stream_s, relay=cfg.relay)
             b = part_posts(stack, cfg, key, meter, r, say)
             d = part_backlog(stack, cfg, key, meter, r, say)
             c = memory_lines(a, b, d, settings, say)

@@ -11,8 +11,12 @@ the step was made: a client on the same host subtracts it from its own receive t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +31,7 @@ from tokenq.cli.bench.load import pct
 from tokenq.cli.bench.scale_load import Meter, bound, command_costs, command_stats, post_jobs
 from tokenq.shared import keys
 from tokenq.shared.jobs import Acquired
+from tokenq.shared.redis_server import free_port
 from tokenq.shared.schemas import TERMINAL_EVENTS
 from tokenq.shared.settings import Settings
 from tokenq.shared.store import JobStore
@@ -207,10 +212,28 @@ def start_source(spec: SourceSpec) -> tuple[Any, MpEvent, MpEvent, Any]:
     return proc, ready, go, out
 
 
-def part_sse(stack: Stack, key: str, meter: Meter, r: redis.Redis, say: Callable[[str], None],
-             *, model: str, clients: int, rate: float, seconds: float) -> dict[str, Any]:
-    """Part (a): `clients` jobs (POST), the source acquires them, one SSE stream each, then
-    `rate` tok/s for `seconds`; the figures, printed and returned."""
+def start_relay(redis_url: str) -> tuple[subprocess.Popen[bytes], str]:
+    """The minimal relay (cli/bench/relay.py) on a free loopback port, once it listens."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tokenq.cli.bench.relay", "--redis-url",
+                             redis_url, "--port", str(port)])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return proc, f"http://127.0.0.1:{port}"
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the relay did not start")
+
+
+def _arm(stack: Stack, key: str, meter: Meter, r: redis.Redis, say: Callable[[str], None], *,
+         url: str, model: str, clients: int, rate: float, seconds: float,
+         ) -> tuple[list[str], Fanout, float, dict[str, float], dict[str, Any], dict[str, Any]]:
+    """`clients` jobs (POST to the API), the source acquires them, one SSE stream each from
+    `url`, then `rate` tok/s for `seconds`: (ids, fan-out, wall, cores, Redis command costs,
+    the source's summary)."""
     ids, codes, _ = post_jobs(stack.url, key, model, clients, 64, max_tokens=1024)
     if len(ids) < clients:
         say(f"(a) only {len(ids)} of {clients} jobs were accepted: {dict(codes)}")
@@ -230,7 +253,7 @@ def part_sse(stack: Stack, key: str, meter: Meter, r: redis.Redis, say: Callable
             go.set()
 
         connect_s = 30 + clients / 20
-        f, t_go = asyncio.run(fanout(stack.url, key, ids, on_go, connect_s, seconds + 120))
+        f, t_go = asyncio.run(fanout(url, key, ids, on_go, connect_s, seconds + 120))
         wall = max(f.last_token - t_go, 1e-9)
         cores = Meter.cores(at_go, meter.snap(), wall)
         commands = command_costs(stats_at_go[0], command_stats(r))
@@ -240,6 +263,17 @@ def part_sse(stack: Stack, key: str, meter: Meter, r: redis.Redis, say: Callable
         if proc.is_alive():
             proc.kill()
         meter.procs.pop("source", None)
+    return ids, f, wall, cores, commands, summary
+
+
+def part_sse(stack: Stack, key: str, meter: Meter, r: redis.Redis, say: Callable[[str], None],
+             *, model: str, clients: int, rate: float, seconds: float,
+             relay: bool = True) -> dict[str, Any]:
+    """Part (a): SSE fan-out from the API, then (`relay`) the same traffic from the minimal
+    relay; the figures, printed and returned."""
+    ids, f, wall, cores, commands, summary = _arm(
+        stack, key, meter, r, say, url=stack.url, model=model, clients=clients, rate=rate,
+        seconds=seconds)
     sample = ids[:50]
     pipe = r.pipeline(transaction=False)
     for j in sample:
@@ -281,4 +315,37 @@ def part_sse(stack: Stack, key: str, meter: Meter, r: redis.Redis, say: Callable
         "cores" for cmd, c in commands.items()) + " (the shared XREAD walks every watched "
         "stream at each wake-up)")
     say(f"    {bound(cores)}")
+    if relay:
+        res["relay"] = relay_arm(stack, key, meter, r, say, res, model=model, clients=clients,
+                                 rate=rate, seconds=seconds)
+    return res
+
+
+def relay_arm(stack: Stack, key: str, meter: Meter, r: redis.Redis, say: Callable[[str], None],
+              api: dict[str, Any], *, model: str, clients: int, rate: float,
+              seconds: float) -> dict[str, Any]:
+    """The same traffic served by the minimal relay: its CPU per 1,000 tokens, and the API's
+    as a multiple of it."""
+    proc, url = start_relay(stack.redis_url)
+    try:
+        meter.add("relay", proc.pid)
+        _, f, wall, cores, _, summary = _arm(
+            stack, key, meter, r, say, url=url, model=model, clients=clients, rate=rate,
+            seconds=seconds)
+    finally:
+        meter.procs.pop("relay", None)
+        proc.terminate()
+        proc.wait(10)
+    per_1k = cores["relay"] * wall / max(f.tokens, 1) * 1000
+    res = {"tokens_written": summary["tokens"], "tokens_received": f.tokens,
+           "lost": summary["tokens"] - f.tokens, "errors": f.errors,
+           "latency_p50_ms": 1000 * pct(f.latencies, 0.5),
+           "latency_p99_ms": 1000 * pct(f.latencies, 0.99),
+           "relay_cpu_s_per_1k_tok": per_1k,
+           "api_over_relay": api["api_cpu_s_per_1k_tok"] / max(per_1k, 1e-9)}
+    say(f"    the same traffic from a minimal relay (cli/bench/relay.py: pub/sub read in bulk, "
+        f"one write per announcement): {f.tokens} of {summary['tokens']} tokens, p50 "
+        f"{res['latency_p50_ms']:.1f} / p99 {res['latency_p99_ms']:.1f} ms; relay CPU "
+        f"{per_1k:.3f} s per 1,000 tokens; the API costs {res['api_over_relay']:.1f}x the "
+        f"relay (the API at {1 / max(res['api_over_relay'], 1e-9):.2f} of the bound)")
     return res

@@ -23,6 +23,9 @@ def test_scale_bench_produces_figures_and_loses_nothing(tmp_path: Path) -> None:
     xread = sse["redis_commands"]["xread"]  # the shared reader's cost inside Redis
     assert xread["per_s"] > 0 and xread["us_per_call"] > 0
     assert any("Redis' time by command: " in line and "XREAD" in line for line in lines)
+    relay = sse["relay"]  # the same traffic from the minimal relay: the API's bound
+    assert relay["tokens_written"] > 0 and relay["lost"] == relay["errors"] == 0
+    assert relay["relay_cpu_s_per_1k_tok"] > 0 and relay["api_over_relay"] > 0
 
     posts = out["posts"]
     assert posts["accepted"] == 12 and posts["posts_s"] > 0 and posts["deletes_s"] > 0

@@ -8,7 +8,10 @@ import asyncio
 import json
 from typing import Any
 
-from tokenq.api.stream_notify import StreamNotifier
+import hiredis
+from redis._parsers.hiredis import NOT_ENOUGH_DATA
+
+from tokenq.api.stream_notify import StreamNotifier, _parsed_replies
 from tokenq.api.streams import announced_entries
 
 
@@ -140,3 +143,25 @@ def test_an_announcement_is_delivered_only_from_the_hubs_cursor() -> None:
                     json.dumps(["1-0", "1-1", {"e": "token"}])):      # fields not a list
         assert announced_entries(message, "1-0") == [], message
     assert announced_entries(good, "0-9") == []  # the hub is elsewhere: it reads instead
+
+
+def test_replies_already_buffered_are_taken_without_a_read() -> None:
+    """Several messages in one socket read are handed out at once; a reply cut in half is
+    left for the next (timed) read."""
+    class Parser:
+        def __init__(self) -> None:
+            self._reader = hiredis.Reader(encoding="utf-8", notEnoughData=NOT_ENOUGH_DATA)
+
+    class Conn:
+        _parser = Parser()
+
+    def message(channel: str, data: str) -> bytes:
+        parts = ["message", channel, data]
+        return ("*3\r\n" + "".join(f"${len(p)}\r\n{p}\r\n" for p in parts)).encode()
+
+    conn = Conn()
+    conn._parser._reader.feed(message("a", "1") + message("b", "2") + message("c", "3")[:9])
+    assert list(_parsed_replies(conn)) == [["message", "a", "1"], ["message", "b", "2"]]
+    conn._parser._reader.feed(message("c", "3")[9:])
+    assert list(_parsed_replies(conn)) == [["message", "c", "3"]]
+    assert list(_parsed_replies(object())) == []  # not hiredis: nothing taken
