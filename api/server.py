@@ -68,8 +68,9 @@ def serve(host: str, port: int) -> None:
                         "binding to 127.0.0.1 instead of %s", host)
             host = "127.0.0.1"
         log.warning("no API keys configured: listening on loopback only (%s:%d)", host, port)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=2)
+    # RawSend outermost: event streams send their events past the middlewares (api/sse.py)
+    config = uvicorn.Config(sse.RawSend(app), host=host, port=port, log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=2)
     DrainingServer(config, app, settings.api.drain_s).run()
 
 

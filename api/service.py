@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from tokenq.api import durable, idempotency, placement, streams
+from tokenq.api import durable, idempotency, placement, stream_ids
 from tokenq.api.admission import Prepared, new_job_id, prepare
 from tokenq.api.deps import AppState
 from tokenq.api.errors import (
@@ -196,8 +196,8 @@ async def cancel(state: AppState, tenant: str, job_id: str, wait_s: float = 2.0)
 
 
 async def resume_point(state: AppState, job_id: str, after: str) -> str | None:
-    """Where a resume with Last-Event-ID `after` starts (api/streams.py resume_point)."""
-    return await streams.resume_point(state.redis, keys.job_events(job_id), after)
+    """Where a resume with Last-Event-ID `after` starts (api/stream_ids.py)."""
+    return await stream_ids.resume_point(state.redis, keys.job_events(job_id), after)
 
 
 async def events(state: AppState, job_id: str,

@@ -32,8 +32,8 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +45,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from tokenq.api.stream_ids import is_valid_id, parse_id
 from tokenq.api.stream_notify import StreamNotifier
 from tokenq.shared import keys
 from tokenq.shared.redis_conn import async_client
@@ -55,16 +56,6 @@ log = logging.getLogger(__name__)
 
 Entry = tuple[str, dict[str, str]]
 HUB_TIMEOUT_MARGIN_S = 10.0
-# A resume cursor past a running stream's end is kept (not read as the end) when its time
-# is at most this far ahead of Redis' clock: primaries' clocks differ a little.
-RESUME_SKEW_MS = 5000
-
-
-# A stream entry id exactly as Redis writes them: `<ms>-<seq>`, ASCII digits, each part
-# at most 2^64-1. Python's int() is far looser (`1_0`, ` 1`, `+1`, Arabic-Indic digits):
-# every cursor a client sends is checked against this before it can reach the shared XREAD.
-_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
-_U64 = 2**64 - 1
 
 
 def announced_entries(message: str, cursor: str) -> list[Entry]:
@@ -93,40 +84,6 @@ class BadCursor(Exception):
     """Redis refused a stream cursor: the subscribers of that stream alone are ended."""
 
 
-def parse_id(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def is_valid_id(entry_id: str) -> bool:
-    m = _ID.fullmatch(entry_id)
-    return m is not None and int(m[1]) <= _U64 and int(m[2]) <= _U64
-
-
-async def resume_point(r: aioredis.Redis, key: str, after: str) -> str | None:
-    """Where a resume with Last-Event-ID `after` starts: None when nothing can follow (the
-    stream's terminal event is at or before `after`: the route answers 204, which tells an
-    EventSource to stop reconnecting). A cursor past a running stream's last entry is kept
-    if it is no later than Redis' clock (plus RESUME_SKEW_MS): it may be an id the client
-    read before a failover lost it, which the worker writes again. One from the future was
-    never an id of this stream: it is taken as the last entry, so the client gets what
-    comes next instead of waiting for ids that will never be written."""
-    last: Any = await r.xrevrange(key, count=1)
-    if not last:
-        return after
-    last_id, fields = last[0]
-    if parse_id(after) < parse_id(last_id):
-        return after
-    if fields.get("e") in TERMINAL_EVENTS:
-        return None
-    # Past the end of a running stream: the worker re-sends lost tokens with their ids
-    # (workers/publisher.py), so a cursor that is not from the future is kept.
-    now: Any = await r.time()
-    if parse_id(after)[0] <= int(now[0]) * 1000 + int(now[1]) // 1000 + RESUME_SKEW_MS:
-        return after
-    return str(last_id)
-
-
 def hub_client(settings: Settings, block_ms: int) -> aioredis.Redis:
     """The hub's own client. With stream announcements (stream_notify, the default) its
     XREADs never BLOCK, so it has every client's socket timeout (redis_socket_timeout_s):
@@ -146,8 +103,25 @@ def hub_client(settings: Settings, block_ms: int) -> aioredis.Redis:
 
 @dataclass(eq=False)
 class _Sub:
+    """One subscriber's inbox: what asyncio.Queue does here, at less per entry (no getters
+    list, no loop lookup per get): the hub puts, one reader gets."""
     # None: Redis refused this stream's cursor; the subscription ends with BadCursor.
-    queue: asyncio.Queue[Entry | None] = field(default_factory=asyncio.Queue)
+    items: deque[Entry | None] = field(default_factory=deque)
+    waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: Entry | None) -> None:
+        self.items.append(item)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def get(self) -> Entry | None:
+        while not self.items:
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        return self.items.popleft()
 
 
 class StreamHub:
@@ -312,7 +286,7 @@ class StreamHub:
                 continue
             for entry in entries:
                 for sub in subs:
-                    sub.queue.put_nowait(entry)
+                    sub.put(entry)
             if parse_id(entries[-1][0]) > parse_id(self._cursor.get(key, "0-0")):
                 self._cursor[key] = entries[-1][0]
 
@@ -329,7 +303,7 @@ class StreamHub:
                             "subscribers", cursor, key, exc)
                 self._cursor.pop(key, None)
                 for sub in self._subs.pop(key, set()):
-                    sub.queue.put_nowait(None)
+                    sub.put(None)
                 if self._notifier is not None:
                     self._notifier.unwant(key)
             except RedisError:
@@ -363,14 +337,16 @@ class StreamHub:
                         yield entry
                         return
                     yield entry
+            last_at = parse_id(last)
             while True:
-                got = await sub.queue.get()
+                got = await sub.get()
                 if got is None:
                     raise BadCursor(f"Redis refused the cursor of {key}")
                 entry = got
-                if parse_id(entry[0]) <= parse_id(last):
+                at = parse_id(entry[0])
+                if at <= last_at:
                     continue
-                last = entry[0]
+                last_at = at
                 if entry[1].get("e") in TERMINAL_EVENTS:
                     await self._settle(key)
                     yield entry

@@ -12,7 +12,8 @@ from starlette.background import BackgroundTask
 from tokenq.api import idempotency, joblist, queued_updates, service, sse
 from tokenq.api.deps import AppState, StateDep, TenantDep
 from tokenq.api.errors import InvalidRequest, RateLimited
-from tokenq.api.streams import BadCursor, is_valid_id
+from tokenq.api.stream_ids import is_valid_id
+from tokenq.api.streams import BadCursor
 from tokenq.shared.jobs import dumps
 from tokenq.shared.schemas import TERMINAL_EVENTS, JobAccepted, JobRecord, JobRequest
 

@@ -154,7 +154,7 @@ def test_openai_streams_ignore_last_event_id(hostile: Stack, route: str) -> None
 
 
 def test_stream_ids_validated_strictly() -> None:
-    from tokenq.api.streams import is_valid_id
+    from tokenq.api.stream_ids import is_valid_id
 
     assert is_valid_id("1700000000000-0") and is_valid_id("0-0")
     assert is_valid_id("18446744073709551615-18446744073709551615")

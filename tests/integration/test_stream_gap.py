@@ -157,7 +157,7 @@ def test_resume_point_keeps_a_cursor_a_failover_lost(r: redis.Redis) -> None:
 
     import redis.asyncio as aioredis
 
-    from tokenq.api.streams import resume_point
+    from tokenq.api.stream_ids import resume_point
 
     top = str(r.xadd(EVENTS, {"e": "token", "d": "{}"}))
     ms = int(top.split("-")[0])

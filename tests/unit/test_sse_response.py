@@ -174,3 +174,27 @@ def test_head_sends_headers_only() -> None:
                                     conn.send), DEADLINE_S)
         assert conn.ended() and conn.body() == b""
     asyncio.run(main())
+
+
+def test_events_skip_the_middlewares_send_wrappers_under_raw_send() -> None:
+    """With RawSend outermost, a middleware's send wrapper sees the response start (the
+    access log's status) and the end, not each event; the client gets them all."""
+    async def main() -> None:
+        conn, body = Conn(), Body()
+        wrapped: list[str] = []
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            async def counting(message: dict[str, Any]) -> None:  # a middleware's wrapper
+                wrapped.append(message["type"])
+                await send(message)
+            await sse.EventStream(body.gen(), ping_s=0, send_timeout_s=30)(
+                scope, receive, counting)
+
+        task = asyncio.create_task(sse.RawSend(app)(dict(SCOPE), conn.receive, conn.send))
+        for i in range(5):
+            body.items.put_nowait(sse.event(str(i)))
+        body.items.put_nowait(None)
+        await asyncio.wait_for(task, DEADLINE_S)
+        assert conn.body().count(b"data: ") == 5 and conn.ended()
+        assert wrapped == ["http.response.start", "http.response.body"]  # start and end
+    asyncio.run(main())
