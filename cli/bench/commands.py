@@ -179,6 +179,9 @@ def mixed(
     arrivals: Annotated[int | None, typer.Option(help="interactive requests (16)")] = None,
     rate: Annotated[float | None, typer.Option(
         help="interactive arrivals per second, Poisson (0.5)")] = None,
+    group: Annotated[int, typer.Option(help="interactive requests arriving together")] = 1,
+    every: Annotated[float | None, typer.Option(
+        help="seconds between arrivals (groups), fixed, instead of Poisson")] = None,
     peers: Annotated[bool, typer.Option(
         help="also run the peers: preemption off, C++ llama-server (or vLLM's server)")]
     = True,
@@ -194,7 +197,8 @@ def mixed(
 
     settings = settings_or_exit()
     out = run_mixed(settings, model or settings.default_model,
-                    config_from(quick, batch_jobs, arrivals, rate, batch_tokens, peers),
+                    replace(config_from(quick, batch_jobs, arrivals, rate, batch_tokens,
+                                        peers), group=max(1, group), every_s=every),
                     Console(stderr=json_out), vllm=vllm)
     emit(out, json_out)
 

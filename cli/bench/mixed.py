@@ -48,6 +48,8 @@ class MixedConfig:
     batch_words: int = 120  # a post-call transcript's worth of prompt
     arrivals: int = 16  # interactive requests (Poisson)
     rate: float = 0.5  # interactive arrivals per second
+    group: int = 1  # interactive requests arriving together
+    every_s: float | None = None  # fixed seconds between arrivals (groups); None: Poisson
     interactive_tokens: int = 32
     interactive_words: int = 30
     settle_s: float = 3.0  # after the batch is submitted, before the first arrival
@@ -98,12 +100,14 @@ def long_text(tag: str, words: int) -> str:
 
 
 def arrival_times(cfg: MixedConfig) -> list[float]:
-    """Seconds after the first arrival window opens: a Poisson process, the same each run."""
+    """Seconds after the first arrival window opens: `group` requests at a time, the groups
+    `every_s` apart or a Poisson process (the same each run)."""
     rng = random.Random(cfg.seed)
     t, out = 0.0, []
-    for _ in range(cfg.arrivals):
+    for i in range(cfg.arrivals):
+        if i and i % cfg.group == 0:
+            t += cfg.every_s if cfg.every_s is not None else rng.expovariate(cfg.rate)
         out.append(t)
-        t += rng.expovariate(cfg.rate)
     return out
 
 
@@ -267,8 +271,10 @@ def run_mixed(settings: Settings, model: str, cfg: MixedConfig, console: Console
 
 
 def render(console: Console, results: list[Figures], cfg: MixedConfig) -> None:
+    pace = (f"{cfg.group} every {cfg.every_s:g} s" if cfg.every_s is not None
+            else f"{cfg.rate:g}/s" + (f", {cfg.group} at a time" if cfg.group > 1 else ""))
     table = Table(title=f"tokenq bench mixed: {cfg.arrivals} interactive arrivals "
-                        f"({cfg.rate:g}/s, {cfg.interactive_tokens} tokens) beside "
+                        f"({pace}, {cfg.interactive_tokens} tokens) beside "
                         f"{cfg.batch} low-priority jobs of {cfg.batch_tokens} tokens")
     for col in ("server", "TTFT p50 idle", "TTFT p95 idle", "TTFT p50 batch",
                 "TTFT p95 batch", "p95 ratio", "measured", "batch tok/s alone",

@@ -29,7 +29,7 @@ SUBCOMMANDS = {
                 "--budget", "--json", "--rounds", "--inprocess", "--vllm"},
     "paired": {"--pairs", "--model", "--prompt-words", "--json"},
     "mixed": {"--model", "--vllm", "--quick", "--batch-jobs", "--batch-tokens", "--arrivals",
-              "--rate", "--peers", "--no-peers", "--json"},
+              "--rate", "--group", "--every", "--peers", "--no-peers", "--json"},
     "scale": {"--quick", "--clients", "--token-rate", "--posts", "--backlog", "--relay",
               "--no-relay", "--json"},
     "fair": {"--tenants", "--heavy-factor", "--light-rate", "--seconds", "--window-s",
@@ -97,3 +97,16 @@ def test_benchmark_scripts_import_their_helpers_from_the_package(script: str) ->
     out = subprocess.run([sys.executable, f"benchmarks/{script}", "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "usage:" in out.stdout, out.stderr
+
+
+def test_mixed_arrivals_in_groups_at_a_fixed_pace() -> None:
+    """`bench mixed --group 2 --every 1.5`: the issue's pattern (two at a time, 1.5 s apart);
+    one at a time stays the Poisson sequence the earlier figures used."""
+    from tokenq.cli.bench.mixed import MixedConfig, arrival_times
+
+    assert arrival_times(MixedConfig(arrivals=5, group=2, every_s=1.5)) == [
+        0.0, 0.0, 1.5, 1.5, 3.0]
+    poisson = arrival_times(MixedConfig(arrivals=4))
+    assert poisson[0] == 0.0 and poisson == sorted(set(poisson))
+    grouped = arrival_times(MixedConfig(arrivals=4, group=2))
+    assert grouped[0] == grouped[1] == 0.0 and grouped[2] == grouped[3] == poisson[1]
