@@ -237,6 +237,9 @@ def fair(
     window_s: Annotated[float, typer.Option(help="Jain's index window (s)")] = 30.0,
     workers: Annotated[int, typer.Option(help="worker processes")] = 2,
     apis: Annotated[int, typer.Option(help="API processes (one restarted midway)")] = 3,
+    token_rate: Annotated[float, typer.Option(
+        help="the fake engine's tokens/s per job (its step: 1/this)")] = 64.0,
+    max_tokens: Annotated[int, typer.Option(help="tokens per job")] = 32,
     json_out: Json = False,
 ) -> None:
     """Fair share vs FIFO: one heavy tenant beside light ones, on the fake engine.
@@ -246,7 +249,8 @@ def fair(
     from tokenq.cli.bench.fair import FairConfig, run_fair
 
     cfg = FairConfig(tenants=tenants, heavy_factor=heavy_factor, light_rate=light_rate,
-                     seconds=seconds, window_s=window_s, workers=workers, apis=apis)
+                     seconds=seconds, window_s=window_s, workers=workers, apis=apis,
+                     token_rate=token_rate, max_tokens=max_tokens)
     emit(run_fair(cfg, (lambda _: None) if json_out else typer.echo), json_out)
 
 
