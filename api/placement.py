@@ -18,7 +18,8 @@ The job goes to the earliest finish, or to the pool the request pins (`backend`:
 name or its backend). With `ttft_budget_ms`, a pool whose `first` is later is no
 candidate, and none left is a 503 `budget_unreachable` with Retry-After. A pool whose pace
 is not measured yet is taken at the mean pace of those measured (so it gets work and is
-measured); with none measured, every pool alike. A job never moves once placed.
+measured); with none measured, every pool alike. A job still queued may later move to a
+pool that would finish it sooner (workers/rebalance.py), unless the request pinned it.
 
 Known limits: the load counts every priority alike; the estimate uses the job's
 `max_tokens`, not what it will write. A model with one pool and a budget is estimated
@@ -36,13 +37,11 @@ from typing import Any
 from tokenq.api.deps import AppState
 from tokenq.api.errors import BudgetUnreachable, InvalidRequest
 from tokenq.shared import keys
+from tokenq.shared.estimates import PRIOR, combined_pace, mean_pace, own_times
 from tokenq.shared.lua_scripts import Scripts
 from tokenq.shared.model_config import ModelConfig, pool_id
-from tokenq.shared.schemas import Pace, WorkerHeartbeat
+from tokenq.shared.schemas import Pace
 from tokenq.shared.weights import select_backend
-
-# The pace of a pool nobody has measured, where no pool has been: all pools alike.
-PRIOR = Pace(jobs=0, job_s=1.0, first_token_s=0.05, decode_tps=20.0, prompt_tps=1000.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,25 +84,6 @@ def check_pin(model: str, cfg: ModelConfig, pin: str | None) -> str | None:
     return known[pin]
 
 
-def combined_pace(beats: list[WorkerHeartbeat]) -> Pace | None:
-    """The workers' paces, weighted by the jobs each measured."""
-    paces = [b.pace for b in beats if b.pace is not None and b.pace.jobs > 0]
-    return mean_pace(paces)
-
-
-def mean_pace(paces: list[Pace]) -> Pace | None:
-    if not paces:
-        return None
-    n = sum(p.jobs for p in paces)
-    w = [(p.jobs or 1) / (n or len(paces)) for p in paces]
-
-    def avg(field: str) -> float:
-        return float(sum(x * getattr(p, field) for x, p in zip(w, paces, strict=True)))
-
-    return Pace(jobs=n, job_s=avg("job_s"), first_token_s=avg("first_token_s"),
-                decode_tps=avg("decode_tps"), prompt_tps=avg("prompt_tps"))
-
-
 def estimate(load: PoolLoad, pace: Pace, n_prompt: int, max_tokens: int) -> Estimate:
     """The formula of the module's docstring (place.lua computes the same in Redis)."""
     slots = max(1, load.slots)
@@ -133,13 +113,6 @@ def choose(loads: list[PoolLoad], n_prompt: int, max_tokens: int, pin: str | Non
     if not cands:  # nobody serves the pinned pool (or any): it waits for a worker
         return (pin if pin is not None else loads[0].name), ests
     return min(cands, key=lambda e: e.finish_s).pool, ests
-
-
-def own_times(pace: Pace, n_prompt: int, max_tokens: int) -> tuple[float, float]:
-    """The job's own first-token and decode seconds at `pace`."""
-    first = n_prompt / pace.prompt_tps if pace.prompt_tps > 0 else pace.first_token_s
-    decode = (max(1, max_tokens) - 1) / pace.decode_tps if pace.decode_tps > 0 else 0.0
-    return first, decode
 
 
 async def check_budget(state: AppState, model: str, cfg: ModelConfig, priority: str,
@@ -197,6 +170,8 @@ async def place(state: AppState, model: str, cfg: ModelConfig, fields: dict[str,
                 f"{budget_ms} ms (the soonest: {soonest * 1000:.0f} ms)",
                 retry_after=max(1, math.ceil(soonest - (budget_ms or 0) / 1000)))
         name = names[got[0] - 1]
+    if pin is not None:
+        fields["pinned"] = "1"  # never moved to another pool (workers/rebalance.py)
     fields["pool"] = pool_id(model, name)
     fields["backend"] = select_backend(cfg.pool(name))
     fields["placement"] = json.dumps(ests)

@@ -26,7 +26,7 @@ from tokenq.shared import keys
 LUA_DIR = Path(__file__).parent / "lua"
 NAMES = ("create", "acquire", "pick", "append", "finish", "cancel", "requeue", "handback",
          "preempt", "fair_victims", "renew_job", "renew", "settle", "release", "take", "claim",
-         "reject")
+         "reject", "move")
 _INCLUDE = re.compile(r"^--#include (\w+)$", re.MULTILINE)
 _CONSTANT = re.compile(r"@([A-Z_]+)@")
 CONSTANTS = {

@@ -259,6 +259,9 @@ class JobRecord(BaseModel):
     # the estimates placement chose by: pool -> [first token, finish] seconds from submit.
     pool: str | None = None
     placement: dict[str, list[float]] | None = None
+    # Where it was placed, when it moved while queued to a pool that finished it sooner
+    # (workers/rebalance.py); `pool` is where it ran.
+    moved_from: str | None = None
     priority: Priority
     # The job's state on the wire (as in the 202 and OpenAI's objects); the Redis hash
     # keeps it in its field `state`.
@@ -301,6 +304,7 @@ class JobRecord(BaseModel):
             backend=h.get("backend", ""),
             pool=h.get("pool") or None,
             placement=json.loads(h["placement"]) if h.get("placement") else None,
+            moved_from=h.get("moved_from") or None,
             priority=h.get("priority", "normal"),  # type: ignore[arg-type]
             status=h["state"],  # type: ignore[arg-type]
             attempts=int(h.get("attempts", 0)),

@@ -173,6 +173,12 @@ class WorkerSettings(BaseModel):
     # served less than half as much, weighted, as the running job's tenant; it goes back
     # into its tenant's list and resumes at its tenant's turn (docs/scheduling.md).
     preempt_fair: bool = True
+    # Moves between pools (a model served by several: workers/rebalance.py): a worker with
+    # a free slot and nothing waiting in its own lanes looks every move_every_s at the
+    # model's other pools, and takes a queued job of theirs into its own lane when it is
+    # estimated to finish it sooner than that pool would (never a running or pinned job).
+    move_queued: bool = True
+    move_every_s: float = Field(default=0.25, gt=0)
 
     # Each worker serves its engine metrics here (0: a free port; advertised in heartbeats).
     metrics_addr: str = "127.0.0.1"

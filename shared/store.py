@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import redis
 import redis.asyncio as aioredis
 
-from tokenq.shared import jobs, keys
+from tokenq.shared import jobs, keys, moves
 from tokenq.shared.jobs import (
     AcquireResult,
     AppendResult,
@@ -32,6 +32,7 @@ from tokenq.shared.jobs import (
     TokenWrite,
 )
 from tokenq.shared.lua_scripts import Scripts, raise_first_error, refused
+from tokenq.shared.moves import MoveResult
 from tokenq.shared.schemas import JobErrorInfo
 from tokenq.shared.settings import Settings
 
@@ -178,6 +179,16 @@ class JobStore:
             return "none", None
         return self._run(jobs.fair_victims(queue, running, claim_ms=claim_ms,
                                            now=time.time(), fair=fair_share(self.s)))
+
+
+    def move(self, expected: str, *, from_queue: str, to_queue: str, from_pool: str,
+             to_pool: str, to_backend: str, ticket: str) -> MoveResult:
+        """The `from_queue` lane's next job (if still `expected`) into another pool's lane of
+        the same model and priority (move.lua)."""
+        return self._run(moves.move(expected, from_queue=from_queue, to_queue=to_queue,
+                                    from_pool=from_pool, to_pool=to_pool,
+                                    to_backend=to_backend, ticket=ticket, now=time.time(),
+                                    fair=fair_share(self.s)))
 
 
 class AsyncJobStore:

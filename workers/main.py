@@ -24,7 +24,7 @@ from tokenq.shared.celery_app import (
     create_celery,
     tolerate_acks_after_connection_loss,
 )
-from tokenq.shared.model_config import split_pool
+from tokenq.shared.model_config import pool_id, split_pool
 from tokenq.shared.redis_conn import sync_client
 from tokenq.shared.settings import ModelConfig, Settings
 from tokenq.shared.weights import gguf_path, hf_dir, select_backend
@@ -125,6 +125,7 @@ def run_worker(settings: Settings, name: str, loglevel: str = "INFO") -> None:
     """A worker for `name`: a model, or one pool of it (`model@pool`)."""
     model, pool = split_pool(name)
     cfg, listed = _config(settings, model)
+    pools = [pool_id(model, n) for n in cfg.pools]  # every pool of the model (moves)
     cfg = _pool_config(name, model, pool, cfg)
     logs.configure(loglevel)
     app = create_celery(settings)
@@ -149,7 +150,8 @@ def run_worker(settings: Settings, name: str, loglevel: str = "INFO") -> None:
             if listed:  # the catalogue says `loading`, and so do its queued jobs' streams
                 catalogue_io.mark_loading(r, settings, model)
             rt = WorkerRuntime(settings=settings, model=model, cfg=cfg,
-                               engine=build_engine(settings, model, cfg), r=r, pool=name)
+                               engine=build_engine(settings, model, cfg), r=r, pool=name,
+                               pools=pools)
             rt.start()
             if listed:
                 catalogue_io.mark_loaded(r, model)

@@ -5,7 +5,7 @@ The parts: the engine and the publisher that writes its steps (workers/publisher
 the cancel watcher (workers/cancels.py),
 the heartbeat (workers/heartbeat.py) that keeps the leases (workers/leases.py) and
 runs the rescue (workers/reconciler.py), the drainer (workers/drain.py), the preemptor
-(workers/preempt.py), the adapter
+(workers/preempt.py), the moves between pools (workers/rebalance.py), the adapter
 watcher, the webhook sender and the metrics server.
 """
 
@@ -27,6 +27,7 @@ from tokenq.shared.celery_app import create_celery
 from tokenq.shared.metrics import WorkerMetrics
 from tokenq.shared.settings import ModelConfig, Settings
 from tokenq.shared.store import JobStore
+from tokenq.shared.weights import select_backend
 from tokenq.workers.cancels import CancelWatcher
 from tokenq.workers.drain import Drainer
 from tokenq.workers.engines.base import Engine
@@ -36,6 +37,7 @@ from tokenq.workers.lora_watcher import AdapterWatcher
 from tokenq.workers.pace import PaceMeter
 from tokenq.workers.preempt import Preemptor
 from tokenq.workers.publisher import Publisher
+from tokenq.workers.rebalance import Rebalancer
 from tokenq.workers.reconciler import Reconciler
 from tokenq.workers.webhooks import WebhookSender
 
@@ -59,6 +61,7 @@ class WorkerRuntime:
     # The queues' name: the model, or `model@pool` for one pool of a model served by
     # several (placement: docs/scheduling.md).
     pool: str = ""
+    pools: list[str] = field(default_factory=list)  # the model's pool ids, when several
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -79,6 +82,10 @@ class WorkerRuntime:
         self.preemptor = Preemptor(self.store, s, celery=self.celery, publisher=self.publisher,
                                    engine=self.engine, model=self.pool,
                                    worker_id=self.worker_id, metrics=self.metrics)
+        self.rebalancer = Rebalancer(self.store, s, celery=self.celery,
+                                     publisher=self.publisher, engine=self.engine,
+                                     pool=self.pool, pools=self.pools,
+                                     backend=select_backend(self.cfg))
         self.heartbeat = Heartbeat(
             r=self.r, settings=s, worker_id=self.worker_id, model=self.model, pool=self.pool,
             engine=self.engine,
@@ -104,6 +111,7 @@ class WorkerRuntime:
         self.heartbeat.start()
         if not self.cfg.embedding:  # embeddings are one step each: nothing to preempt
             self.preemptor.start()
+        self.rebalancer.start()
         self.webhooks.start()
         log.info("worker %s serving %s on %s (%d slots)", self.worker_id, self.pool,
                  self.engine.backend, self.engine.slots)
@@ -112,6 +120,7 @@ class WorkerRuntime:
         self.heartbeat.stop()
         self.cancels.stop()
         self.preemptor.stop()
+        self.rebalancer.stop()
         self.adapters.stop()
         self.webhooks.stop()
         self.engine.close()
@@ -122,6 +131,7 @@ class WorkerRuntime:
             pass
 
     def drain(self) -> None:
+        self.rebalancer.stop()  # a worker on its way out takes no other pool's jobs
         self.drainer.drain()
 
     def _redis_gone(self, gone_s: float) -> None:
