@@ -19,6 +19,7 @@
     preempt  (worker)  running -> queued again, lease dropped, tokens kept, preemptions += 1:
                        room for a waiting higher-priority job (resumed like a takeover)
     reject   (api)     a batch line that cannot be enqueued: its record, ended `failed`
+    move     (worker)  a queued job to another pool of its model (shared/moves.py)
 
 The attempt check on every worker write is the fence: a worker that lost its lease
 (paused, partitioned) and comes back cannot write into a stream that a newer attempt
