@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -78,6 +78,12 @@ IDLE_POLL_S = 0.25
 # its look at most this long (with preempt_poll_s here, 50 ms, 5 of 16 interactive arrivals
 # beside a batch waited 17-50 ms for theirs).
 NEWS_GAP_S = 0.01
+# Except news naming a tenant no look was made for within FRESH_S (a create names its
+# tenant): that is looked at after at most MIN_GAP_S. Beside one tenant's flood of creates
+# a light tenant's job would otherwise wait up to NEWS_GAP_S for the look that frees it a
+# slot (fair share): most of its wait (docs/benchmarks.md, fair share, 2026-11-28 evening).
+FRESH_S = 0.1
+MIN_GAP_S = 0.001
 # Fair share: a slot freed for a lane's next tenant (workers/preempt.Preemptor._fair) counts
 # as owed until a take uses it, for at most this long (a freed slot's ticket is taken within
 # tens of ms), so two workers do not both free one for one waiting job.
@@ -90,6 +96,15 @@ def _closed(pubsub: PubSub | None) -> None:
             pubsub.close()
         except (redis.RedisError, OSError):
             pass
+
+
+def news_wait(tenants: Iterable[str], looked_for: Mapping[str, float], last_look: float,
+              now: float) -> float:
+    """Seconds until news naming `tenants` ('' for news naming none) is looked at: the
+    rest of NEWS_GAP_S since `last_look`, or of MIN_GAP_S when it names a tenant not
+    looked for (`looked_for`: tenant -> when) within FRESH_S."""
+    fresh = any(t and now - looked_for.get(t, float("-inf")) >= FRESH_S for t in tenants)
+    return last_look + (MIN_GAP_S if fresh else NEWS_GAP_S) - now
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +151,7 @@ class Preemptor:
     _thread: threading.Thread | None = None
     _saw_waiting: bool = False  # the last look found jobs in a higher lane
     _last_look: float = float("-inf")  # time.monotonic() of the last look
+    _looked_for: dict[str, float] = field(default_factory=dict)  # tenant -> its news' look
 
     @property
     def r(self) -> redis.Redis:
@@ -166,12 +182,15 @@ class Preemptor:
                     pubsub = self.r.pubsub(  # type: ignore[no-untyped-call]
                         ignore_subscribe_messages=True)
                     pubsub.subscribe(*lanes)
-                if pubsub.get_message(timeout=timeout) is not None:
-                    # at most one look per NEWS_GAP_S, however fast jobs arrive; a burst
-                    # of arrivals gets one look for all of them
-                    self._stop.wait(self._last_look + NEWS_GAP_S - time.monotonic())
-                    while pubsub.get_message(timeout=0) is not None:
-                        pass
+                if (msg := pubsub.get_message(timeout=timeout)) is not None:
+                    # at most one look per NEWS_GAP_S, however fast jobs arrive (a new
+                    # tenant's job: MIN_GAP_S); a burst of arrivals gets one look for all
+                    tenants = {str(msg.get("data") or "")}
+                    self._stop.wait(news_wait(tenants, self._looked_for, self._last_look,
+                                              time.monotonic()))
+                    while (msg := pubsub.get_message(timeout=0)) is not None:
+                        tenants.add(str(msg.get("data") or ""))
+                    self._note(tenants)
                 self._last_look = time.monotonic()
                 self.poll()
                 failing = False
@@ -187,6 +206,16 @@ class Preemptor:
                 log.exception("preemption check failed")
                 self._stop.wait(poll_s)
         _closed(pubsub)
+
+    def _note(self, tenants: Iterable[str]) -> None:
+        """The tenants this look is for (kept FRESH_S: a few entries)."""
+        now = time.monotonic()
+        for t in tenants:
+            if t:
+                self._looked_for[t] = now
+        if len(self._looked_for) > 64:
+            self._looked_for = {t: at for t, at in self._looked_for.items()
+                                if now - at < FRESH_S}
 
     @property
     def _between_tenants(self) -> bool:

@@ -47,7 +47,8 @@ if fields['weight'] then
   redis.call('EXPIRE', share_key, math.ceil(40 * half_s))
 end
 enter(tenants_key, tenant, share_key, tonumber(now), half_s, fifo, now)
-redis.pcall('PUBLISH', queue_key, '')  -- news for the model's preemptors (workers/preempt.py)
+-- news for the model's preemptors, naming the tenant (workers/preempt.py)
+redis.pcall('PUBLISH', queue_key, tenant)
 local est = estimate(lane, tenant, redis.call('LLEN', list_key) - 1, tonumber(now),
                      tonumber(fields['est_tokens']) or 0, tonumber(now), half_s, fifo)
 redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'e', 'queued',

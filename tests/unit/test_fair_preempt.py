@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import redis
 
 from tests.unit.test_fair_share import TICKET, Q, owner, store, submit, take
@@ -113,3 +114,18 @@ def test_fifo_never_preempts_between_tenants(r: redis.Redis) -> None:
     slots = take(s, 2)
     submit(s, "b", 1)
     assert s.fair_victims(Q, running(r, slots), 1000) == ("none", None)
+
+
+def test_news_of_a_tenant_not_looked_for_lately_is_looked_at_at_once() -> None:
+    """A flood of one tenant's creates is looked at once per NEWS_GAP_S; another tenant's
+    create (fair share: it may be owed a slot) within MIN_GAP_S."""
+    from tokenq.workers.preempt import FRESH_S, MIN_GAP_S, NEWS_GAP_S, news_wait
+
+    now, last = 100.0, 100.0  # a look just happened, for the heavy tenant's news
+    seen = {"heavy": now}
+    assert news_wait({"heavy"}, seen, last, now) == pytest.approx(NEWS_GAP_S)  # its flood
+    assert news_wait({""}, seen, last, now) == pytest.approx(NEWS_GAP_S)  # naming nobody
+    assert news_wait({"light"}, seen, last, now) == pytest.approx(MIN_GAP_S)  # someone new
+    assert news_wait({"heavy", "light"}, seen, last, now) == pytest.approx(MIN_GAP_S)
+    later = now + FRESH_S
+    assert news_wait({"heavy"}, seen, last, later) < 0  # not looked for lately: no wait
