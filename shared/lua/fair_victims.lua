@@ -14,8 +14,10 @@
 --   fair.lua's BANK behind) does not wait for a slot to free.
 -- Of several, the one holding the most slots per weight.
 -- `{lane}:ceded` counts the slots freed this way whose ticket no take has used yet
--- (pick.lua counts it down; it expires after `claim_ms`): while it is above 0 nothing more
--- is freed, so two workers do not both free a slot for one waiting job.
+-- (pick.lua counts it down; it expires after `claim_ms`): while it is at the number of
+-- backlogged tenants other than the victim's, nothing more is freed, so two workers do not
+-- both free a slot for one waiting job, and several tenants waiting at once (a burst of
+-- light ones) get theirs in parallel rather than one look-and-take after another.
 -- Returns {'ok', job id}, {'claimed'} (one is owed a slot, a freed one is on its way) or
 -- {'none'}.
 --#include fair
@@ -62,7 +64,12 @@ for _, tenant in ipairs(order) do
   end
 end
 if not victim then return {'none'} end
-if (tonumber(redis.call('GET', ceded_key)) or 0) > 0 then return {'claimed'} end
+-- one freed slot on its way per other backlogged tenant (each is owed at most one now)
+local owed_slots = redis.call('ZCARD', tenants_key)
+if redis.call('ZSCORE', tenants_key, victim) then owed_slots = owed_slots - 1 end
+if (tonumber(redis.call('GET', ceded_key)) or 0) >= math.max(1, owed_slots) then
+  return {'claimed'}
+end
 redis.call('INCR', ceded_key)
 redis.call('PEXPIRE', ceded_key, claim_ms)
 return {'ok', newest[victim]}

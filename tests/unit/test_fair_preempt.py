@@ -129,3 +129,16 @@ def test_news_of_a_tenant_not_looked_for_lately_is_looked_at_at_once() -> None:
     assert news_wait({"heavy", "light"}, seen, last, now) == pytest.approx(MIN_GAP_S)
     later = now + FRESH_S
     assert news_wait({"heavy"}, seen, last, later) < 0  # not looked for lately: no wait
+
+
+def test_several_waiting_tenants_get_their_slots_freed_at_once(r: redis.Redis) -> None:
+    """One slot on its way per tenant waiting (other than the victim's), not one at a
+    time: a burst of light tenants is not served one look-and-take after another."""
+    s = store(r)
+    submit(s, "a", 6)
+    slots = take(s, 4)  # a holds four slots, two more of a's wait
+    submit(s, "b", 1)
+    submit(s, "c", 1)
+    assert s.fair_victims(Q, running(r, slots), 1000) == ("ok", "a-3")
+    assert s.fair_victims(Q, running(r, slots[:3]), 1000) == ("ok", "a-2")  # for the other
+    assert s.fair_victims(Q, running(r, slots[:2]), 1000) == ("claimed", None)  # no third
