@@ -49,14 +49,18 @@ def event(data: str, *, event: str | None = None, id: str | None = None) -> byte
     event name has its line breaks removed (they would end the field early)."""
     head = ""
     if id is not None:
-        head += "id: " + _LINES.sub("", id) + SEP
+        head += "id: " + _one_line(id) + SEP
     if event is not None:
-        head += "event: " + _LINES.sub("", event) + SEP
+        head += "event: " + _one_line(event) + SEP
     if "\n" in data or "\r" in data:
         body = "".join(f"data: {line}{SEP}" for line in _LINES.split(data))
     else:
         body = "data: " + data + SEP
     return (head + body + SEP).encode()
+
+
+def _one_line(field: str) -> str:
+    return _LINES.sub("", field) if "\n" in field or "\r" in field else field
 
 
 def close_all() -> None:

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import hiredis
 import redis.asyncio as aioredis
 
+from tokenq.api import sse
 from tokenq.shared import keys
 from tokenq.shared.schemas import TERMINAL_EVENTS
 
@@ -37,9 +38,9 @@ def _events(entries: list[tuple[str, list[str]]]) -> tuple[bytes, bool]:
     for entry_id, flat in entries:
         fields = dict(zip(flat[::2], flat[1::2], strict=False))
         name = fields.get("e", "message")
-        out.append(f"id: {entry_id}\r\nevent: {name}\r\ndata: {fields.get('d', '')}\r\n\r\n")
+        out.append(sse.event(fields.get("d", ""), event=name, id=entry_id))  # as the API's
         ended = ended or name in TERMINAL_EVENTS
-    return "".join(out).encode(), ended
+    return b"".join(out), ended
 
 
 class Relay:

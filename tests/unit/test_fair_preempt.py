@@ -127,8 +127,9 @@ def test_news_of_a_tenant_not_looked_for_lately_is_looked_at_at_once() -> None:
     assert news_wait({""}, seen, last, now) == pytest.approx(NEWS_GAP_S)  # naming nobody
     assert news_wait({"light"}, seen, last, now) == pytest.approx(MIN_GAP_S)  # someone new
     assert news_wait({"heavy", "light"}, seen, last, now) == pytest.approx(MIN_GAP_S)
-    later = now + FRESH_S
-    assert news_wait({"heavy"}, seen, last, later) < 0  # not looked for lately: no wait
+    later = now + 2 * FRESH_S
+    # not looked for lately: fresh again (MIN_GAP_S after the last look: already past)
+    assert news_wait({"heavy"}, seen, last, later) == pytest.approx(last + MIN_GAP_S - later)
 
 
 def test_several_waiting_tenants_get_their_slots_freed_at_once(r: redis.Redis) -> None:

@@ -68,6 +68,13 @@ class Body:
 SCOPE = {"type": "http", "method": "GET"}
 
 
+def stream(conn: Conn, body: Body, *, ping_s: float = 10,
+           send_timeout_s: float = 30) -> asyncio.Task[None]:
+    """An EventStream of `body` running on `conn`."""
+    resp = sse.EventStream(body.gen(), ping_s=ping_s, send_timeout_s=send_timeout_s)
+    return asyncio.create_task(resp(SCOPE, conn.receive, conn.send))
+
+
 async def until(cond: Any) -> None:
     async with asyncio.timeout(DEADLINE_S):
         while not cond():
@@ -89,8 +96,7 @@ def test_event_format_round_trips_through_the_client_parser() -> None:
 def test_events_then_the_last_chunk_and_the_body_closed() -> None:
     async def main() -> None:
         conn, body = Conn(), Body()
-        resp = sse.EventStream(body.gen(), ping_s=0, send_timeout_s=30)
-        task = asyncio.create_task(resp(SCOPE, conn.receive, conn.send))
+        task = stream(conn, body, ping_s=0, send_timeout_s=30)
         for i in range(3):
             body.items.put_nowait(sse.event(str(i), id=f"{i}-0"))
         body.items.put_nowait(None)
@@ -104,8 +110,7 @@ def test_events_then_the_last_chunk_and_the_body_closed() -> None:
 def test_a_quiet_stream_is_pinged() -> None:
     async def main() -> None:
         conn, body = Conn(), Body()
-        resp = sse.EventStream(body.gen(), ping_s=0.05, send_timeout_s=30)
-        task = asyncio.create_task(resp(SCOPE, conn.receive, conn.send))
+        task = stream(conn, body, ping_s=0.05, send_timeout_s=30)
         await until(lambda: conn.body().count(sse.PING) >= 2)
         body.items.put_nowait(None)
         await asyncio.wait_for(task, DEADLINE_S)
@@ -115,8 +120,7 @@ def test_a_quiet_stream_is_pinged() -> None:
 def test_a_client_that_stops_reading_is_dropped_after_the_send_timeout() -> None:
     async def main() -> None:
         conn, body = Conn(), Body()
-        resp = sse.EventStream(body.gen(), ping_s=10, send_timeout_s=0.2)
-        task = asyncio.create_task(resp(SCOPE, conn.receive, conn.send))
+        task = stream(conn, body, ping_s=10, send_timeout_s=0.2)
         body.items.put_nowait(sse.event("first"))
         await until(lambda: b"first" in conn.body())
         conn.block = True
@@ -129,8 +133,7 @@ def test_a_client_that_stops_reading_is_dropped_after_the_send_timeout() -> None
 def test_a_disconnect_ends_the_stream_and_runs_the_body_cleanup() -> None:
     async def main() -> None:
         conn, body = Conn(), Body()
-        resp = sse.EventStream(body.gen(), ping_s=10, send_timeout_s=30)
-        task = asyncio.create_task(resp(SCOPE, conn.receive, conn.send))
+        task = stream(conn, body, ping_s=10, send_timeout_s=30)
         body.items.put_nowait(sse.event("x"))
         await until(lambda: b"x" in conn.body())
         conn.leave()
