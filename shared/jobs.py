@@ -17,7 +17,8 @@
                        lost message)
     handback (worker)  a draining worker puts its running job back (same takeover path)
     preempt  (worker)  running -> queued again, lease dropped, tokens kept, preemptions += 1:
-                       room for a waiting higher-priority job (resumed like a takeover)
+                       room for a waiting higher-priority job or a tenant served far less
+                       (resumed like a takeover; shared/preemption.py)
     reject   (api)     a batch line that cannot be enqueued: its record, ended `failed`
     move     (worker)  a queued job to another pool of its model (shared/moves.py)
 
@@ -395,25 +396,3 @@ def hand_back(job_id: str, *, worker: str, attempt: int, queue: str,
               message: str) -> Call[bool]:
     return Call("handback", [keys.job(job_id), keys.job_lease(job_id), queue],
                 [lease_value(worker, attempt), message], _flag)
-
-
-def preempt(job_id: str, *, worker: str, attempt: int, queue: str, message: str, now: float,
-            maxlen: int, ticket: str = "", fair: FairShare | None = None) -> Call[bool]:
-    """`ticket` (fair share): back into its tenant's list behind the lane's ticket rather
-    than first of its lane (preempt.lua)."""
-    return Call("preempt", [keys.job(job_id), keys.job_lease(job_id), queue,
-                            keys.job_events(job_id), keys.RUNNING, keys.QUEUED],
-                [lease_value(worker, attempt), message, repr(now), maxlen, attempt, ticket,
-                 *(fair or FairShare()).args()], _flag)
-
-
-def fair_victims(queue: str, running: Sequence[str], *, claim_ms: int, now: float,
-                 fair: FairShare) -> Call[tuple[str, str | None]]:
-    """Of `running` (this worker's jobs of the lane, most recently started first), the one
-    to hand back to the tenant the lane's next ticket takes: ('ok', id), ('claimed', None)
-    or ('none', None) (fair_victims.lua)."""
-    lane = keys.lane(queue)
-    return Call("fair_victims", [keys.lane_tenants(lane), keys.lane_ceded(lane),
-                                 keys.lane_held(lane)],
-                [claim_ms, repr(now), repr(fair.half_s), *running],
-                lambda got: (_text(got[0]), _text(got[1]) if len(got) > 1 else None))

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import redis
 import redis.asyncio as aioredis
 
-from tokenq.shared import jobs, keys, moves
+from tokenq.shared import jobs, keys, moves, preemption
 from tokenq.shared.jobs import (
     AcquireResult,
     AppendResult,
@@ -166,10 +166,10 @@ class JobStore:
                 message: str, ticket: str = "") -> bool:
         """Back to `queued` (tokens kept) for a waiting higher-priority job, or with the
         lane's `ticket` for a tenant served far less (preempt.lua): True if it was."""
-        return self._run(jobs.preempt(job_id, worker=worker, attempt=attempt, queue=queue,
-                                      message=message, now=time.time(),
-                                      maxlen=self.s.stream_maxlen, ticket=ticket,
-                                      fair=fair_share(self.s)))
+        return self._run(preemption.preempt(
+            job_id, worker=worker, attempt=attempt, queue=queue, message=message,
+            now=time.time(), maxlen=self.s.stream_maxlen, ticket=ticket,
+            fair=fair_share(self.s)))
 
     def fair_victims(self, queue: str, running: Sequence[str],
                      claim_ms: int) -> tuple[str, str | None]:
@@ -177,8 +177,8 @@ class JobStore:
         next tenant (fair_victims.lua); ('none', None) under FIFO."""
         if not self.s.fair_share or not running:
             return "none", None
-        return self._run(jobs.fair_victims(queue, running, claim_ms=claim_ms,
-                                           now=time.time(), fair=fair_share(self.s)))
+        return self._run(preemption.fair_victims(queue, running, claim_ms=claim_ms,
+                                                 now=time.time(), fair=fair_share(self.s)))
 
 
     def move(self, expected: str, *, from_queue: str, to_queue: str, from_pool: str,
