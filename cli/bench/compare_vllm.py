@@ -29,8 +29,9 @@ from tokenq.shared.weights import gguf_path, has_nvidia_gpu, hf_dir
 
 def vllm_server_args(folder: str, model: str, cfg: ModelConfig, port: int) -> list[str]:
     """vLLM's OpenAI server on tokenq's settings for the model. It runs with tokenq's hook
-    in its processes (AMX permission, die with this process), as tokenq's vLLM worker
-    does: register() puts it on this process's PYTHONPATH, which the server inherits."""
+    in its processes (AMX permission, die with this process, seeded split prompts), as
+    tokenq's vLLM worker does: register() puts it on this process's PYTHONPATH, which the
+    server inherits."""
     from tokenq.shared.settings import get_settings
     from tokenq.workers.engines.vllm_plugin import register
 

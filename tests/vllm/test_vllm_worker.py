@@ -161,6 +161,40 @@ def test_concurrent_jobs_get_exact_token_counts(vclient: httpx.Client,
     wait_engine_idle(vredis)
 
 
+def test_seeded_prompts_split_over_steps_leave_the_engine_up(
+        vclient: httpx.Client, vredis: redis.Redis, vllm_stack: Stack) -> None:
+    """Seeded jobs whose prompts together exceed a step's token budget: vLLM splits one
+    of them over steps and drops the token it sampled for it, rewinding its generator by a
+    CUDA offset that a CPU generator lacks. The engine died there, and its worker with it;
+    now each job ends on its first attempt."""
+    n_jobs, n_tokens = 6, 8
+    filler = " ".join(f"line {i} of the call about the duplicate charge." for i in range(60))
+    worker = next(p for m, p in vllm_stack.worker_procs if m == TINY and p.poll() is None)
+    list(stream_events(vclient, post(vclient, max_tokens=1), timeout=120))  # the engine is up
+    with frozen(engine_cores(vllm_stack)):  # all prompts reach the engine's first step
+        ids = [post(vclient, messages=[{"role": "user", "content": f"Call {k}. {filler}"}],
+                    max_tokens=n_tokens, seed=7, temperature=1.0) for k in range(n_jobs)]
+        deadline = time.monotonic() + 60
+        while engine_running(vredis) != [n_jobs]:
+            assert time.monotonic() < deadline, f"engine holds {engine_running(vredis)}"
+            time.sleep(0.05)
+    deadline = time.monotonic() + 120
+    while True:
+        records = [vredis.hmget(keys.job(j), ["state", "attempts"]) for j in ids]
+        if all(state == "succeeded" for state, _ in records):
+            break
+        assert worker.poll() is None, f"the worker exited ({worker.returncode}): {records}"
+        assert time.monotonic() < deadline, records
+        time.sleep(0.05)
+    assert [attempts for _, attempts in records] == ["1"] * n_jobs, records
+    for job_id in ids:
+        assert_contiguous(vclient, job_id, list(stream_events(vclient, job_id, timeout=60)),
+                          n_tokens)
+    usage = vclient.get(f"/v1/jobs/{ids[0]}").json()["usage"]
+    assert usage["prompt_tokens"] * n_jobs > 2 * 2048, usage  # vLLM's CPU step budget: 2048
+    wait_engine_idle(vredis)
+
+
 def test_json_schema_output_parses(vclient: httpx.Client) -> None:
     schema = {"type": "object", "additionalProperties": False,
               "required": ["issue", "resolved"],

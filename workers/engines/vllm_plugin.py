@@ -6,7 +6,7 @@ of the environment, a plain `vllm serve` included. So tokenq declares none: the 
 worker writes a one-entry distribution (`register()`) into its state dir and puts it on
 its own sys.path and on PYTHONPATH, which the engine processes it starts inherit.
 
-What the hook does there (`init_amx`):
+What the hook does there (`init`):
 1. vLLM's CPU attention kernels use AMX tiles without first asking Linux for the
    permission (arch_prctl ARCH_REQ_XCOMP_PERM), which SIGILLs the engine process on CPUs
    with AMX. torch asks for it in `_init_amx()`; calling it before any kernel runs made
@@ -16,6 +16,8 @@ What the hook does there (`init_amx`):
    SIGKILL (the OOM killer, a supervisor's last resort) left its EngineCore and
    VLLM::Worker running, holding the KV cache memory and the cores (on a GPU host: the
    GPU memory its replacement needs).
+3. On the CPU, a request with a `seed` whose prompt a step splits killed the engine
+   (vllm_seeds.py).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def register(state_dir: Path) -> Path:
     (dist / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: tokenq-vllm-hook\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(
-        f"[vllm.general_plugins]\ntokenq = {__name__}:init_amx\n")
+        f"[vllm.general_plugins]\ntokenq = {__name__}:init\n")
     folder = str(root)
     if folder not in sys.path:
         sys.path.insert(0, folder)
@@ -48,6 +50,15 @@ def register(state_dir: Path) -> Path:
     if folder not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([folder, *paths])
     return root
+
+
+def init() -> None:
+    """The entry point: everything the hook does in a vLLM process."""
+    init_amx()
+    if multiprocessing.parent_process() is not None:  # the engine's processes, not the worker
+        from tokenq.workers.engines.vllm_seeds import install
+
+        install()
 
 
 def init_amx() -> None:
