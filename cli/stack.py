@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import site
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -79,6 +81,9 @@ class Stack:
     quiet: bool = False  # send children's logs to files under state_dir/logs
     drain_timeout_s: float = 60.0
     env: dict[str, str] = field(default_factory=dict)  # extra environment for every child
+    # A benchmark's queue: an embedded Redis on a fresh folder, removed at stop(), so that
+    # jobs left in the state dir's Redis (a killed run, the user's own) never run in it.
+    scratch_redis: bool = False
     redis: EmbeddedRedis | None = None
     api: subprocess.Popen[bytes] | None = None
     worker_procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
@@ -132,12 +137,7 @@ class Stack:
         for m in self.models:
             if m not in known:
                 raise SystemExit(f"unknown model {m!r}; known: {', '.join(known)}")
-        if self.settings.redis_url:
-            self.redis_url = self.settings.redis_url
-        else:
-            self.redis = EmbeddedRedis(Path(self.settings.state_dir) / "redis").start()
-            self.redis_url = self.redis.url
-            log.info("embedded redis-server on %s", self.redis_url)
+        self.start_redis()
         self.api = self._spawn("api", python_module("tokenq.api.server", "--host", self.host,
                                                     "--port", str(self.port)))
         for model in self.models if worker_models is None else worker_models:
@@ -202,6 +202,22 @@ class Stack:
             time.sleep(0.25)
         raise TimeoutError(f"stack not ready after {timeout:.0f}s: {last}")
 
+    def start_redis(self) -> None:
+        """The settings' Redis, or an embedded one (on the state dir's folder, or a scratch
+        folder)."""
+        if self.settings.redis_url and not self.scratch_redis:
+            self.redis_url = self.settings.redis_url
+            return
+        state = Path(self.settings.state_dir)
+        if self.scratch_redis:
+            state.mkdir(parents=True, exist_ok=True)
+            folder = Path(tempfile.mkdtemp(prefix="bench-redis-", dir=state))
+        else:
+            folder = state / "redis"
+        self.redis = EmbeddedRedis(folder).start()
+        self.redis_url = self.redis.url
+        log.info("embedded redis-server on %s", self.redis_url)
+
     def stop(self) -> None:
         if self.api is not None:  # drains: open streams get api_drain_s to finish
             _terminate([self.api], self.settings.api.drain_s + 10)
@@ -210,6 +226,8 @@ class Stack:
         _terminate([p for _, p in self.worker_procs], self.drain_timeout_s)
         if self.redis is not None:
             self.redis.stop()
+            if self.scratch_redis:
+                shutil.rmtree(self.redis.data_dir, ignore_errors=True)
         for f in self._logs:
             f.close()
 

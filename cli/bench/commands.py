@@ -58,7 +58,8 @@ def endpoint(settings: Settings, url: str | None, model: str) -> Iterator[str]:
     from tokenq.cli.stack import Stack
     from tokenq.shared.redis_server import free_port
 
-    stack = Stack(settings, port=free_port(), models=[model], quiet=True).start()
+    stack = Stack(settings, port=free_port(), models=[model], quiet=True,
+                  scratch_redis=True).start()
     try:
         stack.wait_ready()
         yield stack.url

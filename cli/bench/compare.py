@@ -49,7 +49,8 @@ def compare(settings: Settings, model: str, levels: list[int], requests: int | N
                                                  prompt_words, max_tokens)
     render(console, results["engine in-process"], [])
 
-    stack = Stack(settings, port=free_port(), models=[model], quiet=True).start()
+    stack = Stack(settings, port=free_port(), models=[model], quiet=True,
+                  scratch_redis=True).start()
     try:
         stack.wait_ready()
         measure("tokenq", stack.url, "native")

@@ -50,7 +50,8 @@ def compare_rounds(settings: Settings, model: str, levels: list[int], rounds: in
 
         engine = InProcess(settings, model)
         runs[ENGINE] = {}
-    stack = Stack(settings, port=free_port(), models=[model], quiet=True).start()
+    stack = Stack(settings, port=free_port(), models=[model], quiet=True,
+                  scratch_redis=True).start()
     try:
         stack.wait_ready()
         with peer_process(llama_server_args(binary, cfg, str(gguf_path(cfg, settings.state_dir)),

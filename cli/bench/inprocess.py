@@ -110,7 +110,8 @@ def paired_ttft(settings: Settings, model: str, pairs: int, prompt_words: int,
             ended[f.job_id].set()
 
     engine.start(sink)
-    stack = Stack(settings, port=free_port(), models=[model], quiet=True).start()
+    stack = Stack(settings, port=free_port(), models=[model], quiet=True,
+                  scratch_redis=True).start()
     inproc: list[float] = []
     queued: list[float] = []
     try:

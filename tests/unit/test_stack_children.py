@@ -52,3 +52,33 @@ def test_pythonpath_keeps_what_was_there_after_this_tree(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/x", CODE_ROOT, "/y"]))
     env = Stack(Settings(state_dir=tmp_path))._env()
     assert env["PYTHONPATH"] == os.pathsep.join([CODE_ROOT, "/x", "/y"])
+
+
+def test_a_bench_queue_starts_empty_and_is_removed(tmp_path: Path) -> None:
+    """A bench's stack (`scratch_redis`) never runs jobs left in the state dir's Redis: a
+    killed `bench mixed --vllm` left its batch queued there, and the next run's "idle"
+    phase ran beside it (TTFT 11 s instead of well under 1 s)."""
+    import redis
+
+    from tokenq.shared.redis_server import EmbeddedRedis
+
+    left = EmbeddedRedis(tmp_path / "redis").start()
+    try:
+        redis.Redis.from_url(left.url).rpush("queue", "a job left by a killed run")
+    finally:
+        left.stop()
+    settings = Settings(redis_url="redis://127.0.0.1:1/0", state_dir=tmp_path)
+    st = Stack(settings, scratch_redis=True)
+    st.start_redis()
+    try:
+        assert st.redis is not None and st.redis.data_dir.parent == tmp_path
+        assert redis.Redis.from_url(st.redis_url).llen("queue") == 0
+    finally:
+        st.stop()
+    assert not st.redis.data_dir.exists()
+    user = Stack(Settings(redis_url=None, state_dir=tmp_path))
+    user.start_redis()  # `tokenq up`: the state dir's own, with what it holds
+    try:
+        assert redis.Redis.from_url(user.redis_url).llen("queue") == 1
+    finally:
+        user.stop()
