@@ -25,6 +25,7 @@ from tokenq.cli.stack import Stack
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import ModelConfig, Settings
 from tokenq.shared.weights import gguf_path, has_nvidia_gpu, hf_dir
+from tokenq.workers.engines.vllm_args import engine_dtype
 
 
 def vllm_server_args(folder: str, model: str, cfg: ModelConfig, port: int) -> list[str]:
@@ -39,7 +40,7 @@ def vllm_server_args(folder: str, model: str, cfg: ModelConfig, port: int) -> li
     eager = cfg.enforce_eager if cfg.enforce_eager is not None else not has_nvidia_gpu()
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
             "--served-model-name", model, "--host", "127.0.0.1", "--port", str(port),
-            "--max-num-seqs", str(cfg.max_num_seqs), "--dtype", cfg.dtype,
+            "--max-num-seqs", str(cfg.max_num_seqs), "--dtype", engine_dtype(cfg.dtype),
             "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
             "--tensor-parallel-size", str(cfg.tensor_parallel_size),
             "--enable-prefix-caching" if cfg.enable_prefix_caching
