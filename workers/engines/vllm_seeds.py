@@ -11,10 +11,11 @@ worker down, whoever sent the others.
 
 Here, run in vLLM's processes by the plugin hook (vllm_plugin.py) where the platform is
 the CPU: the model runner's `sample_tokens` keeps the state of each CPU generator of a
-request whose token will be dropped, hides that generator from the step (the dropped
-token is drawn from the global generator instead), and puts it back with its state
-unchanged. The request's seeded draws are then the same whether its prompt was split or
-not, which is what the rewind gives on CUDA.
+request whose token will be dropped, hides that generator from the step (the sampler
+reads the same dict, so the dropped token is drawn from the global generator instead),
+and puts it back with its state as it was before the step. The request's seeded draws
+are then the same whether its prompt was split or not, which is what the rewind gives on
+CUDA.
 """
 
 from __future__ import annotations
