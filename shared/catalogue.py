@@ -45,7 +45,8 @@ LLAMA_KNOBS = frozenset({
 VLLM_KNOBS = frozenset({
     "gpu_memory_utilization", "tensor_parallel_size", "max_model_len", "max_num_seqs",
     "quantization", "dtype", "enable_prefix_caching", "enforce_eager",
-    "enable_chunked_prefill", "disable_any_whitespace", "enable_lora", "max_loras",
+    "enable_chunked_prefill", "max_num_batched_tokens", "disable_any_whitespace",
+    "enable_lora", "max_loras",
     "max_lora_rank", "max_cpu_loras", "hf_path"})
 COMMON_KNOBS = frozenset({
     "chat_template", "temperature", "top_p", "top_k", "min_p", "max_tokens", "repeat_penalty",

@@ -102,6 +102,10 @@ class ModelConfig(BaseModel):
     # None: eager on CPU (graph capture/compile costs minutes there), vLLM's default on GPU.
     enforce_eager: bool | None = None
     enable_chunked_prefill: bool | None = None  # None: vLLM's default
+    # Prompt and output tokens one engine step may hold (vLLM's name; None: its default,
+    # 2,048 on a CPU). A job cannot enter a step under way: where steps are slow (a CPU),
+    # a smaller budget bounds how long an interactive job waits behind a batch's prompts.
+    max_num_batched_tokens: int | None = Field(default=None, ge=16, le=1_048_576)
     # Structured output (response_format, tool calls) without free whitespace between JSON
     # tokens (vLLM's structured_outputs_config.disable_any_whitespace, with its xgrammar
     # backend): a small model can otherwise write spaces until max_tokens. llama.cpp's

@@ -51,6 +51,8 @@ def vllm_server_args(folder: str, model: str, cfg: ModelConfig, port: int) -> li
         args += ["--max-model-len", str(cfg.max_model_len)]
     if cfg.quantization:
         args += ["--quantization", cfg.quantization]
+    if cfg.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(cfg.max_num_batched_tokens)]
     if cfg.disable_any_whitespace:
         args += ["--structured-outputs-config",
                  '{"backend": "xgrammar", "disable_any_whitespace": true}']

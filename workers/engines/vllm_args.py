@@ -63,6 +63,8 @@ def engine_args(c: ModelConfig, model_dir: Path, extra: dict[str, Any]) -> Any:
         # CUDA graphs / torch.compile take minutes to capture on CPU for no gain here.
         enforce_eager=c.enforce_eager if c.enforce_eager is not None else not has_nvidia_gpu(),
         enable_chunked_prefill=c.enable_chunked_prefill,
+        **({"max_num_batched_tokens": c.max_num_batched_tokens}
+           if c.max_num_batched_tokens is not None else {}),
         disable_log_stats=False, enable_log_requests=False, **extra,
         **({"structured_outputs_config": StructuredOutputsConfig(
             backend="xgrammar", disable_any_whitespace=True)}
