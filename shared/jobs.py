@@ -301,12 +301,13 @@ def _flag(got: Any) -> bool:
     return bool(got)
 
 
-def _text(x: Any) -> str:
+def text(x: Any) -> str:
+    """A script's reply item as text (bytes where the client does not decode)."""
     return x.decode() if isinstance(x, bytes) else str(x)
 
 
 def _appended(got: list[Any]) -> AppendResult:
-    return AppendResult(Appended(int(got[0])), int(got[1]), tuple(_text(x) for x in got[2:]))
+    return AppendResult(Appended(int(got[0])), int(got[1]), tuple(text(x) for x in got[2:]))
 
 
 def _finished(got: list[Any]) -> FinishResult:

@@ -5,14 +5,9 @@ far less. Beside shared/jobs.py, the rest of the job protocol; the stores run th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from tokenq.shared import keys
-from tokenq.shared.jobs import Call, FairShare, lease_value
-
-
-def _text(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
+from tokenq.shared.jobs import Call, FairShare, lease_value, text
 
 
 def preempt(job_id: str, *, worker: str, attempt: int, queue: str, message: str, now: float,
@@ -34,4 +29,4 @@ def fair_victims(queue: str, running: Sequence[str], *, claim_ms: int, now: floa
     return Call("fair_victims", [keys.lane_tenants(lane), keys.lane_ceded(lane),
                                  keys.lane_held(lane)],
                 [claim_ms, repr(now), repr(fair.half_s), *running],
-                lambda got: (_text(got[0]), _text(got[1]) if len(got) > 1 else None))
+                lambda got: (text(got[0]), text(got[1]) if len(got) > 1 else None))
