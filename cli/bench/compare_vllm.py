@@ -25,7 +25,7 @@ from tokenq.cli.stack import Stack
 from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import ModelConfig, Settings
 from tokenq.shared.weights import gguf_path, has_nvidia_gpu, hf_dir
-from tokenq.workers.engines.vllm_args import engine_dtype
+from tokenq.workers.engines.vllm_args import engine_dtype, step_tokens
 
 
 def vllm_server_args(folder: str, model: str, cfg: ModelConfig, port: int) -> list[str]:
@@ -51,8 +51,8 @@ def vllm_server_args(folder: str, model: str, cfg: ModelConfig, port: int) -> li
         args += ["--max-model-len", str(cfg.max_model_len)]
     if cfg.quantization:
         args += ["--quantization", cfg.quantization]
-    if cfg.max_num_batched_tokens is not None:
-        args += ["--max-num-batched-tokens", str(cfg.max_num_batched_tokens)]
+    if (step := step_tokens(cfg)) is not None:  # the same step budget as tokenq's worker
+        args += ["--max-num-batched-tokens", str(step)]
     if cfg.disable_any_whitespace:
         args += ["--structured-outputs-config",
                  '{"backend": "xgrammar", "disable_any_whitespace": true}']

@@ -58,6 +58,7 @@ from tokenq.workers.engines.vllm_args import (
     engine_args,
     engine_env,
     logprob_entry,
+    request_priority,
     sampling_params,
     stat_logger,
 )
@@ -280,6 +281,7 @@ class VllmEngine:
             gen = self.llm.generate(TokensPrompt(prompt_token_ids=ids),
                                     sampling_params(req.params, budget),
                                     request_id=f"{job}:{attempt}",
+                                    priority=request_priority(req.urgent, req.background),
                                     lora_request=(self._lora_request(req.adapter)
                                                   if req.adapter is not None else None))
             try:

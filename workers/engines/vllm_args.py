@@ -22,6 +22,28 @@ from tokenq.workers.engines import logprobs
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}
 COMMON_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 CPUs that compute in bf16 natively
+# A step's token budget on a CPU where the model config sets none (vLLM's own is 2,048):
+# a job cannot join a step under way, and a CPU step of 2,048 prompt tokens takes seconds.
+CPU_STEP_TOKENS = 256
+HIGH, NORMAL, LOW = 0, 1, 2  # vLLM's request priority (lower first): a job's high/normal/low
+BATCH_PREFILL_KEY = "tokenq_batch_prefill"  # in vLLM's additional_config (vllm_sched.py)
+SCHEDULER = "tokenq.workers.engines.vllm_sched.TieredScheduler"
+
+
+def request_priority(urgent: bool, background: bool) -> int:
+    """A job's vLLM priority from its EngineRequest flags."""
+    return HIGH if urgent else LOW if background else NORMAL
+
+
+def step_tokens(c: ModelConfig) -> int | None:
+    """The step's token budget vLLM gets: the model config's, else CPU_STEP_TOKENS on a
+    CPU (with chunked prefill, which a budget under the context length needs), else
+    None (vLLM's default)."""
+    if c.max_num_batched_tokens is not None:
+        return c.max_num_batched_tokens
+    if has_nvidia_gpu() or c.enable_chunked_prefill is False:
+        return None
+    return max(CPU_STEP_TOKENS, c.max_num_seqs)
 
 
 def engine_dtype(requested: str, cpuinfo: str | None = None) -> str:
@@ -63,8 +85,11 @@ def engine_args(c: ModelConfig, model_dir: Path, extra: dict[str, Any]) -> Any:
         # CUDA graphs / torch.compile take minutes to capture on CPU for no gain here.
         enforce_eager=c.enforce_eager if c.enforce_eager is not None else not has_nvidia_gpu(),
         enable_chunked_prefill=c.enable_chunked_prefill,
-        **({"max_num_batched_tokens": c.max_num_batched_tokens}
-           if c.max_num_batched_tokens is not None else {}),
+        **({"max_num_batched_tokens": step} if (step := step_tokens(c)) is not None else {}),
+        # Interactive prompts ahead of a batch's (vllm_sched.py); on a CPU the batch's
+        # prompt tokens beside a watched stream are bounded as on llama.cpp.
+        scheduling_policy="priority", scheduler_cls=SCHEDULER,
+        additional_config={BATCH_PREFILL_KEY: 0 if has_nvidia_gpu() else c.batch_prefill_tokens},
         disable_log_stats=False, enable_log_requests=False, **extra,
         **({"structured_outputs_config": StructuredOutputsConfig(
             backend="xgrammar", disable_any_whitespace=True)}
