@@ -41,16 +41,17 @@ QueuedOnRetire = Literal["finish", "fail"]
 LLAMA_KNOBS = frozenset({
     "n_ctx", "n_parallel", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "flash_attn",
     "kv_unified", "prefill_itl_ratio", "prefill_min_chunk", "prefill_whole_tokens",
-    "batch_prefill_tokens", "prefix_cache", "prompt_cache_ram_mb", "first_token_flush_ms"})
+    "prefix_cache", "prompt_cache_ram_mb", "first_token_flush_ms"})
 VLLM_KNOBS = frozenset({
     "gpu_memory_utilization", "tensor_parallel_size", "max_model_len", "max_num_seqs",
     "quantization", "dtype", "enable_prefix_caching", "enforce_eager",
-    "enable_chunked_prefill", "max_num_batched_tokens", "disable_any_whitespace",
+    "enable_chunked_prefill", "max_num_batched_tokens", "batch_alone_prefill_tokens",
+    "disable_any_whitespace",
     "enable_lora", "max_loras",
     "max_lora_rank", "max_cpu_loras", "hf_path"})
 COMMON_KNOBS = frozenset({
     "chat_template", "temperature", "top_p", "top_k", "min_p", "max_tokens", "repeat_penalty",
-    "stop", "tool_call_parser", "source", "fake_tokens_per_s"})
+    "stop", "tool_call_parser", "source", "fake_tokens_per_s", "batch_prefill_tokens"})
 # The load request's own fields (not ModelConfig's).
 REQUEST_FIELDS = frozenset({"name", "model_path", "server_type", "backend", "keep_alive_s",
                             "max_load_tries", "check_path", "max_workers"})

@@ -20,7 +20,9 @@ VLLM = {"backend": "vllm", "source": "hf", "path": "/models/m"}
 def test_the_step_budget_reaches_vllm(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
     from tokenq.workers.engines.vllm_args import (
+        BATCH_ALONE_KEY,
         BATCH_PREFILL_KEY,
+        CPU_BATCH_ALONE_TOKENS,
         CPU_STEP_TOKENS,
         SCHEDULER,
         engine_args,
@@ -38,7 +40,10 @@ def test_the_step_budget_reaches_vllm(tmp_path: Path) -> None:
     whole = engine_args(ModelConfig(**VLLM, enable_chunked_prefill=False), tmp_path, {})
     assert whole.max_num_batched_tokens is None
     assert unset.scheduler_cls == SCHEDULER and unset.scheduling_policy == "priority"
-    assert unset.additional_config[BATCH_PREFILL_KEY] == ModelConfig(**VLLM).batch_prefill_tokens
+    assert unset.additional_config == {BATCH_PREFILL_KEY: ModelConfig(**VLLM).batch_prefill_tokens,
+                                       BATCH_ALONE_KEY: CPU_BATCH_ALONE_TOKENS}
+    own = engine_args(ModelConfig(**VLLM, batch_alone_prefill_tokens=64), tmp_path, {})
+    assert own.additional_config[BATCH_ALONE_KEY] == 64
 
 
 @pytest.mark.parametrize("bad", [0, 15, -1, 10**9])

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.vllm.conftest import MAX_MODEL_LEN
-from tokenq.workers.engines.vllm_args import BATCH_PREFILL_KEY, HIGH, LOW, NORMAL
+from tokenq.workers.engines.vllm_args import BATCH_ALONE_KEY, BATCH_PREFILL_KEY, HIGH, LOW, NORMAL
 
 # vLLM's and torch's imports warn of their own deprecations, not ours.
 pytestmark = [pytest.mark.vllm, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -23,7 +23,7 @@ BUDGET = 256
 BATCH_PREFILL = 32
 
 
-def scheduler(model: Path, slots: int = 8, tiered: bool = True) -> Any:
+def scheduler(model: Path, slots: int = 8, tiered: bool = True, alone: int = 0) -> Any:
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -40,7 +40,8 @@ def scheduler(model: Path, slots: int = 8, tiered: bool = True) -> Any:
         scheduler_config=SchedulerConfig(
             max_num_seqs=slots, max_num_batched_tokens=BUDGET, max_model_len=MAX_MODEL_LEN,
             is_encoder_decoder=False, enable_chunked_prefill=True, policy="priority"),
-        cache_config=cache, additional_config={BATCH_PREFILL_KEY: BATCH_PREFILL})
+        cache_config=cache,
+        additional_config={BATCH_PREFILL_KEY: BATCH_PREFILL, BATCH_ALONE_KEY: alone})
     kv = KVCacheConfig(num_blocks=1000, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=16, num_kv_heads=1,
                                                        head_size=16, dtype=torch.float32))])
@@ -101,6 +102,15 @@ def test_beside_a_watched_stream_a_step_holds_few_batch_prompt_tokens(
         assert step(s) == {"normal": 1, "low0": BATCH_PREFILL}
     s.finish_requests("normal", finished_status=_finished())
     assert step(s) == {"low0": BUDGET}  # the batch alone again: vLLM's own step
+
+
+def test_the_batch_alone_takes_a_bounded_step(tiny_model: Path) -> None:
+    s = scheduler(tiny_model, alone=128)
+    for k in range(3):
+        add(s, f"low{k}", 200, LOW)
+    assert step(s) == {"low0": 128}
+    assert step(s) == {"low0": 72, "low1": 56}  # what low0 leaves of 128 starts low1
+    assert step(s) == {"low0": 1, "low1": 128}  # low0 decodes
 
 
 def test_held_requests_keep_their_place_and_slots(tiny_model: Path) -> None:

@@ -26,7 +26,10 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 CPUs that compute in bf16
 # a job cannot join a step under way, and a CPU step of 2,048 prompt tokens takes seconds.
 CPU_STEP_TOKENS = 256
 HIGH, NORMAL, LOW = 0, 1, 2  # vLLM's request priority (lower first): a job's high/normal/low
-BATCH_PREFILL_KEY = "tokenq_batch_prefill"  # in vLLM's additional_config (vllm_sched.py)
+# vLLM's additional_config keys for vllm_sched.py: a batch's prompt tokens a step, beside
+# a foreground job's stream and with the batch alone (0: no bound).
+BATCH_PREFILL_KEY, BATCH_ALONE_KEY = "tokenq_batch_prefill", "tokenq_batch_alone_prefill"
+CPU_BATCH_ALONE_TOKENS = 128  # batch_alone_prefill_tokens unset, on a CPU
 SCHEDULER = "tokenq.workers.engines.vllm_sched.TieredScheduler"
 
 
@@ -66,6 +69,15 @@ def engine_dtype(requested: str, cpuinfo: str | None = None) -> str:
     return "float32"
 
 
+def batch_prefill(c: ModelConfig) -> dict[str, int]:
+    """How many of a batch's prompt tokens a step holds (vllm_sched.py): on a CPU,
+    batch_prefill_tokens beside a foreground job and batch_alone_prefill_tokens (128 unset)
+    with the batch alone; on a GPU only what the model config sets (0: no bound)."""
+    gpu = has_nvidia_gpu()
+    alone = c.batch_alone_prefill_tokens or (0 if gpu else CPU_BATCH_ALONE_TOKENS)
+    return {BATCH_PREFILL_KEY: 0 if gpu else c.batch_prefill_tokens, BATCH_ALONE_KEY: alone}
+
+
 def engine_env() -> dict[str, str]:
     return {**COMMON_ENV, **({} if has_nvidia_gpu() else CPU_ENV)}
 
@@ -89,7 +101,7 @@ def engine_args(c: ModelConfig, model_dir: Path, extra: dict[str, Any]) -> Any:
         # Interactive prompts ahead of a batch's (vllm_sched.py); on a CPU the batch's
         # prompt tokens beside a watched stream are bounded as on llama.cpp.
         scheduling_policy="priority", scheduler_cls=SCHEDULER,
-        additional_config={BATCH_PREFILL_KEY: 0 if has_nvidia_gpu() else c.batch_prefill_tokens},
+        additional_config=batch_prefill(c),
         disable_log_stats=False, enable_log_requests=False, **extra,
         **({"structured_outputs_config": StructuredOutputsConfig(
             backend="xgrammar", disable_any_whitespace=True)}

@@ -13,9 +13,11 @@ vLLM's "priority" policy, so waiting requests are taken in that order), and each
 - while a foreground request (priority high or normal) has prompt tokens to compute, the
   batch's (low) prompts under way sit the step out and no new one starts: the step holds
   the decodes and the foreground prompts, whole up to the budget;
-- while a foreground request decodes, the step holds at most `batch_prefill` of the
-  batch's prompt tokens (one batch prompt a step; 0: no such bound);
-- otherwise (the batch alone, or no batch) the step is vLLM's own.
+- while a foreground request decodes, the step holds at most `beside` of the batch's
+  prompt tokens; with the batch alone, at most `alone` (one batch prompt a step either
+  way; 0: no bound). vLLM cannot stop a step under way (llama.cpp's worker can), so
+  `alone` is what bounds the step a job arriving beside a batch waits for;
+- otherwise (no batch prompt) the step is vLLM's own.
 
 The batch's decodes always run. Held-back requests keep their place and their KV blocks:
 they are taken out of the scheduler's running list for the call and put back after it, the
@@ -31,7 +33,7 @@ from typing import Any, Protocol
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from tokenq.workers.engines.vllm_args import BATCH_PREFILL_KEY, LOW
+from tokenq.workers.engines.vllm_args import BATCH_ALONE_KEY, BATCH_PREFILL_KEY, LOW
 
 
 class Req(Protocol):
@@ -61,8 +63,8 @@ class StepPlan:
     budget: int  # the step's token budget for the call
 
 
-def plan_step(running: list[Any], waiting: list[Any], budget: int,
-              batch_prefill: int) -> StepPlan | None:
+def plan_step(running: list[Any], waiting: list[Any], budget: int, beside: int,
+              alone: int) -> StepPlan | None:
     """What one step of the scheduler sees, or None: vLLM's own step."""
     fg_waiting = [r for r in waiting if r.priority < LOW]
     fg_prompt = [r for r in running if r.priority < LOW and prompt_pending(r)]
@@ -74,16 +76,14 @@ def plan_step(running: list[Any], waiting: list[Any], budget: int,
         need = (sum(to_compute(r) for r in decodes + fg_prompt)
                 + sum(to_compute(r) for r in fg_waiting))
         return StepPlan(decodes + fg_prompt, bg_prompt, max(1, min(budget, need)))
-    watched = any(r.priority < LOW for r in running)
     bg_waiting = any(r.priority >= LOW for r in waiting)
-    if batch_prefill <= 0 or not watched or not (bg_prompt or bg_waiting):
+    cap = beside if any(r.priority < LOW for r in running) else alone
+    if cap <= 0 or not (bg_prompt or bg_waiting):
         return None
-    # Watched streams decoding beside the batch: one batch prompt, last in the order so
-    # the decodes before it get their token, and at most batch_prefill of its tokens (or,
-    # if it needs fewer, of a new batch prompt's).
+    # One batch prompt, last in the order so the decodes before it get their token, and at
+    # most `cap` of its tokens (or, if it needs fewer, of a new batch prompt's).
     need = sum(to_compute(r) for r in decodes)
-    return StepPlan(decodes + bg_prompt[:1], bg_prompt[1:],
-                    max(1, min(budget, need + batch_prefill)))
+    return StepPlan(decodes + bg_prompt[:1], bg_prompt[1:], max(1, min(budget, need + cap)))
 
 
 def put_back(before: list[Any], after: list[Any], held: list[Any]) -> list[Any]:
@@ -99,11 +99,13 @@ class TieredScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         extra: Any = self.vllm_config.additional_config
-        self.batch_prefill = int(extra.get(BATCH_PREFILL_KEY, 0) if isinstance(extra, dict) else 0)
+        extra = extra if isinstance(extra, dict) else {}
+        self.beside = int(extra.get(BATCH_PREFILL_KEY, 0))
+        self.alone = int(extra.get(BATCH_ALONE_KEY, 0))
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         plan = plan_step(self.running, list(self.waiting), self.max_num_scheduled_tokens,
-                         self.batch_prefill)
+                         self.beside, self.alone)
         if plan is None:
             return super().schedule(*args, **kwargs)
         before, budget, active = self.running, self.max_num_scheduled_tokens, \
