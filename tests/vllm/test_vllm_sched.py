@@ -135,3 +135,15 @@ def _finished() -> Any:
     from vllm.v1.request import RequestStatus
 
     return RequestStatus.FINISHED_ABORTED
+
+
+def test_without_a_batch_the_step_is_vllms_own(tiny_model: Path) -> None:
+    from tokenq.workers.engines.vllm_sched import plan_step
+
+    s = scheduler(tiny_model)
+    for k in range(3):
+        add(s, f"normal{k}", 900, NORMAL)
+    step(s)
+    add(s, "high", 100, HIGH)
+    assert plan_step(s.running, list(s.waiting), BUDGET, BATCH_PREFILL, 128) is None
+    assert step(s) == {"normal0": BUDGET}  # vLLM's order: the prompt under way first

@@ -17,7 +17,7 @@ vLLM's "priority" policy, so waiting requests are taken in that order), and each
   prompt tokens; with the batch alone, at most `alone` (one batch prompt a step either
   way; 0: no bound). vLLM cannot stop a step under way (llama.cpp's worker can), so
   `alone` is what bounds the step a job arriving beside a batch waits for;
-- otherwise (no batch prompt) the step is vLLM's own.
+- otherwise (no batch on the engine, or no batch prompt) the step is vLLM's own.
 
 The batch's decodes always run. Held-back requests keep their place and their KV blocks:
 they are taken out of the scheduler's running list for the call and put back after it, the
@@ -66,6 +66,9 @@ class StepPlan:
 def plan_step(running: list[Any], waiting: list[Any], budget: int, beside: int,
               alone: int) -> StepPlan | None:
     """What one step of the scheduler sees, or None: vLLM's own step."""
+    if not any(r.priority >= LOW for r in running) and not any(
+            r.priority >= LOW for r in waiting):
+        return None  # no batch on the engine: vLLM's own step, exactly
     fg_waiting = [r for r in waiting if r.priority < LOW]
     fg_prompt = [r for r in running if r.priority < LOW and prompt_pending(r)]
     bg_prompt = [r for r in running if r.priority >= LOW and prompt_pending(r)]
