@@ -19,9 +19,10 @@ vLLM's "priority" policy, so waiting requests are taken in that order), and each
   `alone` is what bounds the step a job arriving beside a batch waits for;
 - otherwise (no batch on the engine, or no batch prompt) the step is vLLM's own.
 
-The batch's decodes always run. Held-back requests keep their place and their KV blocks:
-they are taken out of the scheduler's running list for the call and put back after it, the
-way a request the budget did not reach stays running without being scheduled.
+The batch's decodes always run. Held-back requests keep their place, their KV blocks and
+their slots: they are taken out of the scheduler's running list for the call (and its limit
+on running requests lowered by as many) and put back after it, the way a request the
+budget did not reach stays running without being scheduled.
 
 Runs in vLLM's engine process, named by `scheduler_cls` (vllm_args.engine_args).
 """
