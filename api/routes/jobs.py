@@ -48,7 +48,13 @@ async def list_jobs(request: Request, state: StateDep, tenant: TenantDep,
 
 @router.get("/{job_id}", response_model=JobRecord)
 async def get_job(job_id: str, state: StateDep, tenant: TenantDep) -> JobRecord:
-    return await queued_updates.fill(state, await service.get(state, tenant, job_id))
+    rec = await queued_updates.fill(state, await service.get(state, tenant, job_id))
+    if rec.status == "queued" and rec.reason is None:
+        # Taken (or cancelled) between the record's read and the estimate's: the record
+        # said queued, its lane no longer did. Read it again rather than answer `queued`
+        # with neither a position nor a reason.
+        rec = await queued_updates.fill(state, await service.get(state, tenant, job_id))
+    return rec
 
 
 @router.delete("/{job_id}", response_model=JobRecord)

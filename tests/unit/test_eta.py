@@ -233,3 +233,43 @@ def test_get_says_loading_while_the_catalogue_loads_its_model(r: redis.Redis) ->
     assert reason() == ("loading", 1)
     r.hset(CATALOGUE, "m", entry.model_copy(update={"loading_since": None}).model_dump_json())
     assert reason() == ("waiting", 1)
+
+
+def test_a_job_taken_between_the_two_reads_is_not_queued_without_a_reason(
+        r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GET /v1/jobs/{id} reads the record, then the job's estimate. A worker that takes
+    the job in between made the answer `queued` with no position and no reason; the route
+    now reads the record again."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import redis.asyncio as aioredis
+
+    from tokenq.api import service
+    from tokenq.api.routes.jobs import get_job
+    from tokenq.shared.schemas import JobRecord
+
+    s = store(r)
+    job, _ = submit(s, "a")
+    stale = JobRecord.from_hash(r.hgetall(keys.job(job)))  # type: ignore[arg-type]
+    assert stale.status == "queued"
+    take(s, 1)  # the worker's take, after the route's first read
+    real, reads = service.get, []
+
+    async def first_read_stale(state: object, tenant: str, job_id: str) -> JobRecord:
+        reads.append(job_id)
+        return stale if len(reads) == 1 else await real(state, tenant, job_id)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(service, "get", first_read_stale)
+
+    async def run() -> JobRecord:
+        port = r.connection_pool.connection_kwargs["port"]
+        state = SimpleNamespace(redis=aioredis.Redis(port=port, db=15, decode_responses=True),
+                                settings=s.s)
+        try:
+            return await get_job(job, state, "a")  # type: ignore[arg-type]
+        finally:
+            await state.redis.aclose()
+
+    rec = asyncio.run(run())
+    assert rec.status == "running" and rec.position is None, rec
