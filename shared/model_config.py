@@ -102,15 +102,17 @@ class ModelConfig(BaseModel):
     # None: eager on CPU (graph capture/compile costs minutes there), vLLM's default on GPU.
     enforce_eager: bool | None = None
     enable_chunked_prefill: bool | None = None  # None: vLLM's default
-    # Prompt and output tokens one engine step may hold (vLLM's name; None: its default,
-    # 2,048 on a CPU). A job cannot enter a step under way: where steps are slow (a CPU),
-    # a smaller budget bounds how long an interactive job waits behind a batch's prompts.
+    # Prompt and output tokens one engine step may hold (vLLM's name; None: 256 on a CPU
+    # with chunked prefill, vLLM's default otherwise: vllm_args.step_tokens). A job cannot
+    # enter a step under way: where steps are slow (a CPU), a smaller budget bounds how
+    # long an interactive job waits behind other prompts.
     max_num_batched_tokens: int | None = Field(default=None, ge=16, le=1_048_576)
     # A batch's (priority low) prompt tokens in one vLLM step while no other job is on the
     # engine (beside one: batch_prefill_tokens; while another job's prompt waits: none). A
     # job arriving waits for the step under way, so this bounds that step; too small, and a
     # prompt-heavy batch spends its steps on decodes (on the 2-core VM, post-call prompts:
-    # 128 cost nothing, 32 cost 16%: docs/vllm.md). None: 128 on a CPU, no bound on a GPU.
+    # 128 cost ~3%, within the runs' spread, 32 cost 16%: docs/vllm.md). None: 128 on a
+    # CPU, no bound on a GPU.
     batch_alone_prefill_tokens: int | None = Field(default=None, ge=1, le=1_048_576)
     # Structured output (response_format, tool calls) without free whitespace between JSON
     # tokens (vLLM's structured_outputs_config.disable_any_whitespace, with its xgrammar

@@ -98,8 +98,8 @@ def engine_args(c: ModelConfig, model_dir: Path, extra: dict[str, Any]) -> Any:
         enforce_eager=c.enforce_eager if c.enforce_eager is not None else not has_nvidia_gpu(),
         enable_chunked_prefill=c.enable_chunked_prefill,
         **({"max_num_batched_tokens": step} if (step := step_tokens(c)) is not None else {}),
-        # Interactive prompts ahead of a batch's (vllm_sched.py); on a CPU the batch's
-        # prompt tokens beside a watched stream are bounded as on llama.cpp.
+        # Interactive prompts ahead of a batch's, and the batch's prompt tokens a step
+        # bounded (vllm_sched.py).
         scheduling_policy="priority", scheduler_cls=SCHEDULER,
         additional_config=batch_prefill(c),
         disable_log_stats=False, enable_log_requests=False, **extra,
