@@ -29,6 +29,7 @@ Runs in vLLM's engine process, named by `scheduler_cls` (vllm_args.engine_args).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -64,24 +65,38 @@ class StepPlan:
     budget: int  # the step's token budget for the call
 
 
-def plan_step(running: list[Any], waiting: list[Any], budget: int, beside: int,
+def plan_step(running: list[Any], waiting: Iterable[Any], budget: int, beside: int,
               alone: int) -> StepPlan | None:
-    """What one step of the scheduler sees, or None: vLLM's own step."""
-    if not any(r.priority >= LOW for r in running) and not any(
-            r.priority >= LOW for r in waiting):
+    """What one step of the scheduler sees, or None: vLLM's own step. One pass over each
+    list: it runs before every engine step."""
+    decodes: list[Any] = []
+    fg_prompt: list[Any] = []
+    bg_prompt: list[Any] = []
+    fg_running = bg_any = False
+    for r in running:
+        fg = r.priority < LOW
+        fg_running, bg_any = fg_running or fg, bg_any or not fg
+        if not prompt_pending(r):
+            decodes.append(r)
+        elif fg:
+            fg_prompt.append(r)
+        else:
+            bg_prompt.append(r)
+    fg_waiting = bg_waiting = False
+    fg_need = 0
+    for r in waiting:
+        if r.priority < LOW:
+            fg_waiting, fg_need = True, fg_need + to_compute(r)
+        else:
+            bg_waiting = True
+    if not (bg_any or bg_waiting):
         return None  # no batch on the engine: vLLM's own step, exactly
-    fg_waiting = [r for r in waiting if r.priority < LOW]
-    fg_prompt = [r for r in running if r.priority < LOW and prompt_pending(r)]
-    bg_prompt = [r for r in running if r.priority >= LOW and prompt_pending(r)]
-    decodes = [r for r in running if not prompt_pending(r)]
     if fg_prompt or fg_waiting:
         # Decodes first, then the foreground prompts; the batch's prompts sit it out, and
         # the budget ends where the foreground's needs do, so no new batch prompt starts.
-        need = (sum(to_compute(r) for r in decodes + fg_prompt)
-                + sum(to_compute(r) for r in fg_waiting))
-        return StepPlan(decodes + fg_prompt, bg_prompt, max(1, min(budget, need)))
-    bg_waiting = any(r.priority >= LOW for r in waiting)
-    cap = beside if any(r.priority < LOW for r in running) else alone
+        need = sum(to_compute(r) for r in decodes) + sum(to_compute(r) for r in fg_prompt)
+        return StepPlan(decodes + fg_prompt, bg_prompt, max(1, min(budget, need + fg_need)))
+    cap = beside if fg_running else alone
     if cap <= 0 or not (bg_prompt or bg_waiting):
         return None
     # One batch prompt, last in the order so the decodes before it get their token, and at
@@ -108,7 +123,7 @@ class TieredScheduler(Scheduler):
         self.alone = int(extra.get(BATCH_ALONE_KEY, 0))
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        plan = plan_step(self.running, list(self.waiting), self.max_num_scheduled_tokens,
+        plan = plan_step(self.running, self.waiting, self.max_num_scheduled_tokens,
                          self.beside, self.alone)
         if plan is None:
             return super().schedule(*args, **kwargs)
