@@ -61,7 +61,7 @@ def main() -> None:
     def on_tokenq(name: str, changes: dict[str, Any], salt: str) -> None:
         models = Path(tempfile.mkdtemp()) / "models.json"
         models.write_text(json.dumps({args.model: {**mc.model_dump(mode="json"), **changes}}))
-        stack = Stack(Settings(models_file=models), port=free_port(), models=[args.model],
+        stack = Stack(Settings(models_file=models), models=[args.model],
                       quiet=True).start()
         try:
             stack.wait_ready(models=[args.model])

@@ -30,7 +30,6 @@ from tokenq.cli.bench.mixed import MixedConfig, Send, client_for, long_text, run
 from tokenq.cli.stack import Stack
 from tokenq.client.sse import stream_events
 from tokenq.shared import keys
-from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings
 
 
@@ -108,7 +107,7 @@ def main() -> None:
     model = args.model or settings.default_model
     stop = settings.models()[model].stop
     phase, sent = ["warm-up"], list[Sent]()
-    stack = Stack(settings, port=free_port(), models=[model], quiet=True).start()
+    stack = Stack(settings, models=[model], quiet=True).start()
     try:
         stack.wait_ready(models=[model])
         r = redis.Redis.from_url(stack.redis_url, decode_responses=True)

@@ -32,7 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tokenq.cli.stack import Stack  # noqa: E402
-from tokenq.shared.redis_server import free_port  # noqa: E402
 from tokenq.shared.settings import Settings  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "post_call"
@@ -60,7 +59,7 @@ def main() -> int:
     # count against the queue limit and the figures.
     state = Path(tempfile.mkdtemp(prefix="bench-batch-", dir=ROOT / ".tokenq"))
     settings = Settings(state_dir=state)
-    stack = Stack(settings, port=free_port(), workers=0 if args.enqueue_only else args.workers,
+    stack = Stack(settings, workers=0 if args.enqueue_only else args.workers,
                   models=[args.model], quiet=True)
     stack.start()
     try:

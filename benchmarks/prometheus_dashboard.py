@@ -111,7 +111,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="prom-check-", dir=ROOT / ".tokenq"))
     settings = Settings(state_dir=tmp / "state")
     model = args.model or settings.default_model
-    stack = Stack(settings, port=free_port(), workers=1, models=[model], quiet=True)
+    stack = Stack(settings, workers=1, models=[model], quiet=True)
     prom_port = free_port()
     prom = f"http://127.0.0.1:{prom_port}"
     proc: subprocess.Popen[bytes] | None = None

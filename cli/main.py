@@ -180,10 +180,9 @@ def demo(
 ) -> None:
     """Start the embedded stack, stream one post-call summary to the terminal, stop."""
     from tokenq.cli.demo import run_demo
-    from tokenq.shared.redis_server import free_port
 
     _logging("WARNING")
-    raise typer.Exit(run_demo(_settings(), port or free_port(), transcript, max_tokens))
+    raise typer.Exit(run_demo(_settings(), port or 0, transcript, max_tokens))
 
 
 models_app = typer.Typer(no_args_is_help=True, help="The model registry and catalogue.")

@@ -27,7 +27,6 @@ import redis
 
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
-from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings
 
 FAKE = "fake"
@@ -178,7 +177,7 @@ def run_soak(cfg: SoakConfig, say: Any = print) -> int:
         (state / "models.json").write_text(json.dumps(models))
         settings = Settings(redis_url=None, state_dir=state, models_file=state / "models.json")
         served = [cfg.model or FAKE]
-        stack = Stack(settings, port=free_port(), workers=cfg.workers, models=served,
+        stack = Stack(settings, workers=cfg.workers, models=served,
                       quiet=True, drain_timeout_s=20)
         stack.start()
         try:

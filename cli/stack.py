@@ -26,7 +26,7 @@ from typing import IO, TYPE_CHECKING
 import httpx
 
 import tokenq
-from tokenq.shared.redis_server import EmbeddedRedis, die_with_parent
+from tokenq.shared.redis_server import EmbeddedRedis, die_with_parent, free_port, port_taken
 from tokenq.shared.settings import Settings
 from tokenq.shared.weights import missing_weights
 
@@ -75,7 +75,9 @@ def default_models(settings: Settings) -> list[str]:
 class Stack:
     settings: Settings
     host: str = "127.0.0.1"
-    port: int = 8000
+    # 0: a free loopback port, picked at start; picked again if the API finds it taken (a
+    # picked port can be bound by another process between the pick and the API's bind).
+    port: int = 0
     workers: int = 1
     models: list[str] = field(default_factory=list)
     quiet: bool = False  # send children's logs to files under state_dir/logs
@@ -92,6 +94,7 @@ class Stack:
     redis_url: str = ""
     _logs: list[IO[bytes]] = field(default_factory=list)
     _spawned: dict[str, int] = field(default_factory=dict)
+    _picked: bool = False  # the API's port was picked here (port 0)
 
     @property
     def url(self) -> str:
@@ -138,8 +141,9 @@ class Stack:
             if m not in known:
                 raise SystemExit(f"unknown model {m!r}; known: {', '.join(known)}")
         self.start_redis()
-        self.api = self._spawn("api", python_module("tokenq.api.server", "--host", self.host,
-                                                    "--port", str(self.port)))
+        if self.port == 0:
+            self.port, self._picked = free_port(), True
+        self._spawn_api()
         for model in self.models if worker_models is None else worker_models:
             # a model served by several pools (placement): workers for each
             pools = known[model].pools if model in known else {}
@@ -147,6 +151,20 @@ class Stack:
                 for _ in range(self.workers):
                     self.add_worker(name)
         return self
+
+    def _spawn_api(self) -> None:
+        self.api = self._spawn("api", python_module("tokenq.api.server", "--host", self.host,
+                                                    "--port", str(self.port)))
+
+    def _api_moved(self) -> bool:
+        """The API exited: if on a picked port that another process holds now, start it on
+        another one (True)."""
+        if not self._picked or not port_taken(self.host, self.port):
+            return False
+        log.warning("port %d was taken before the API bound it; picking another", self.port)
+        self.port = free_port()
+        self._spawn_api()
+        return True
 
     def attach(self) -> Stack:
         """Use the external Redis of TOKENQ_REDIS_URL and start nothing (for the autoscaler)."""
@@ -182,9 +200,12 @@ class Stack:
         With an autoscaler, workers come with jobs: until the API answers /health."""
         deadline = time.monotonic() + timeout
         path = "/health" if self.autoscaler is not None and self.autoscaler.models else "/ready"
-        last = ""
+        last, moves = "", 0
         while time.monotonic() < deadline:
             if self.api is not None and self.api.poll() is not None:
+                if moves < 3 and self._api_moved():
+                    moves += 1
+                    continue
                 raise RuntimeError(f"the API exited with code {self.api.returncode}")
             for model, proc in self.worker_procs:
                 if proc.poll() is not None:

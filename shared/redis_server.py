@@ -75,6 +75,17 @@ def free_port() -> int:
         return got
 
 
+def port_taken(host: str, port: int) -> bool:
+    """Whether `port` on `host` is bound by some process (a bind to it fails)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 class EmbeddedRedis:
     """One redis-server child process: loopback only, AOF on, data under `data_dir`."""
 

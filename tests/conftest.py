@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from tokenq.cli.stack import Stack
-from tokenq.shared.redis_server import EmbeddedRedis, free_port
+from tokenq.shared.redis_server import EmbeddedRedis
 from tokenq.shared.settings import Settings
 from tokenq.shared.settings_roles import ApiSettings
 
@@ -90,7 +90,7 @@ def stack(stack_settings: Settings) -> Iterator[Stack]:
     """The API and one worker each for SmolLM2, Gemma and MiniLM, as `tokenq up` starts
     them. Their settings go to the children's environment only: this process's stays as it
     was, so no later test reads them (Stack passes TOKENQ_MODELS_FILE itself)."""
-    st = Stack(stack_settings, port=free_port(), workers=1,
+    st = Stack(stack_settings, workers=1,
                models=[SMOL, GEMMA, EMBED, IDLE_MODEL, NO_WORKER_MODEL], quiet=True,
                env=STACK_ENV | {"TOKENQ_API__MAX_BODY_BYTES":
                                 str(stack_settings.api.max_body_bytes)})

@@ -56,9 +56,8 @@ def endpoint(settings: Settings, url: str | None, model: str) -> Iterator[str]:
         yield url
         return
     from tokenq.cli.stack import Stack
-    from tokenq.shared.redis_server import free_port
 
-    stack = Stack(settings, port=free_port(), models=[model], quiet=True,
+    stack = Stack(settings, models=[model], quiet=True,
                   scratch_redis=True).start()
     try:
         stack.wait_ready()

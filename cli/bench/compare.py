@@ -49,7 +49,7 @@ def compare(settings: Settings, model: str, levels: list[int], requests: int | N
                                                  prompt_words, max_tokens)
     render(console, results["engine in-process"], [])
 
-    stack = Stack(settings, port=free_port(), models=[model], quiet=True,
+    stack = Stack(settings, models=[model], quiet=True,
                   scratch_redis=True).start()
     try:
         stack.wait_ready()

@@ -50,7 +50,7 @@ def compare_rounds(settings: Settings, model: str, levels: list[int], rounds: in
 
         engine = InProcess(settings, model)
         runs[ENGINE] = {}
-    stack = Stack(settings, port=free_port(), models=[model], quiet=True,
+    stack = Stack(settings, models=[model], quiet=True,
                   scratch_redis=True).start()
     try:
         stack.wait_ready()

@@ -95,7 +95,7 @@ def compare_vllm(settings: Settings, model: str, levels: list[int], requests: in
                                    max_tokens, api=api, stop=cfg.stop) for c in levels]
         render(console, results[name], budget_lines(results[name], max_tokens, budget_s))
 
-    stack = Stack(tq_settings, port=free_port(), models=[model], quiet=True,
+    stack = Stack(tq_settings, models=[model], quiet=True,
                   scratch_redis=True).start()
     try:
         stack.wait_ready(timeout=600)

@@ -28,7 +28,6 @@ import redis
 from tokenq.cli.bench.fair import quantile, summarise
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
-from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings
 
 MODEL = "eta-fake"
@@ -90,7 +89,7 @@ def run_once(cfg: EtaConfig, i: int, say: Say) -> dict[str, Any]:
                                                                        strict=True)),
                "TOKENQ_API__QUEUE_LIMIT": "1000000", "TOKENQ_API__TENANT_MAX_QUEUED": "0"}
         settings = Settings(redis_url=None, state_dir=state, models_file=state / "models.json")
-        st = Stack(settings, port=free_port(), workers=cfg.workers, models=[MODEL], quiet=True,
+        st = Stack(settings, workers=cfg.workers, models=[MODEL], quiet=True,
                    drain_timeout_s=10, env=env)
         try:
             st.start_parts()

@@ -172,7 +172,7 @@ def run_arm(cfg: FairConfig, *, fair: bool, heavy: bool, say: Say) -> dict[str, 
                "TOKENQ_API__QUEUE_LIMIT": "1000000", "TOKENQ_API__TENANT_MAX_QUEUED": "0",
                "TOKENQ_API__DRAIN_S": "2"}
         settings = Settings(redis_url=None, state_dir=state, models_file=state / "models.json")
-        st = Stack(settings, port=free_port(), workers=cfg.workers, models=[MODEL], quiet=True,
+        st = Stack(settings, workers=cfg.workers, models=[MODEL], quiet=True,
                    drain_timeout_s=10, env=env)
         extra: list[Any] = []
         try:

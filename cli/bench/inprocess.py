@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 
 from tokenq.cli.bench.load import SAMPLING, Level, Sample, one_job, prompt_text, request_body
-from tokenq.shared.redis_server import free_port
 from tokenq.shared.schemas import SamplingParams
 from tokenq.shared.settings import ModelConfig, Settings
 from tokenq.shared.weights import gguf_path
@@ -110,7 +109,7 @@ def paired_ttft(settings: Settings, model: str, pairs: int, prompt_words: int,
             ended[f.job_id].set()
 
     engine.start(sink)
-    stack = Stack(settings, port=free_port(), models=[model], quiet=True,
+    stack = Stack(settings, models=[model], quiet=True,
                   scratch_redis=True).start()
     inproc: list[float] = []
     queued: list[float] = []

@@ -202,7 +202,7 @@ def client_for(url: str, cfg: MixedConfig) -> httpx.Client:
 
 def on_tokenq(settings: Settings, model: str, cfg: MixedConfig, console: Console,
               server: str, env: dict[str, str]) -> Figures:
-    stack = Stack(settings, port=free_port(), models=[model], quiet=True, env=env,
+    stack = Stack(settings, models=[model], quiet=True, env=env,
                   scratch_redis=True).start()
     try:
         stack.wait_ready(models=[model])

@@ -30,7 +30,6 @@ import redis
 from tokenq.cli.bench.fair import quantile, summarise
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
-from tokenq.shared.redis_server import free_port
 from tokenq.shared.schemas import TERMINAL_STATES, WorkerHeartbeat
 from tokenq.shared.settings import Settings
 
@@ -125,7 +124,7 @@ def run_once(cfg: PlacementConfig, i: int, say: Say) -> dict[str, Any]:
                 "slow": {"n_parallel": cfg.slow_slots, "fake_tokens_per_s": cfg.slow_rate}}}}))
         settings = Settings(redis_url=None, state_dir=state, models_file=state / "models.json")
         env = {"TOKENQ_API__QUEUE_LIMIT": "100000", "TOKENQ_WORKER__HEARTBEAT_S": "0.5"}
-        st = Stack(settings, port=free_port(), workers=1, models=[MODEL], quiet=True,
+        st = Stack(settings, workers=1, models=[MODEL], quiet=True,
                    drain_timeout_s=10, env=env)
         try:
             st.start_parts()

@@ -60,7 +60,7 @@ def on_tokenq(settings: Settings, model: str, bodies: list[dict[str, Any]],
 
     with tempfile.TemporaryDirectory(prefix="tokenq-postcall-") as tmp:
         s = settings.model_copy(update={"redis_url": None, "state_dir": Path(tmp)})
-        stack = Stack(s, port=free_port(), models=[model], quiet=True).start()
+        stack = Stack(s, models=[model], quiet=True).start()
         try:
             stack.wait_ready()
             client = OpenAI(base_url=f"{stack.url}/v1", api_key="tokenq", max_retries=2)

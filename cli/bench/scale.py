@@ -36,7 +36,6 @@ from tokenq.cli.bench.scale_load import Meter, bound, post_jobs, send, used_memo
 from tokenq.cli.bench.scale_sse import part_sse
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
-from tokenq.shared.redis_server import free_port
 from tokenq.shared.schemas import TERMINAL_EVENTS, TERMINAL_STATES
 from tokenq.shared.settings import Settings
 
@@ -277,7 +276,7 @@ def run_scale(cfg: ScaleConfig, say: Say = print, state_dir: Path | None = None)
                "TOKENQ_API__TENANT_MAX_QUEUED": room,
                "TOKENQ_API__MAX_STREAMS_PER_TENANT": str(cfg.clients + 16)}
         settings = Settings(redis_url=None, state_dir=state, models_file=state / "models.json")
-        stack = Stack(settings, port=free_port(), models=list(models), quiet=True,
+        stack = Stack(settings, models=list(models), quiet=True,
                       drain_timeout_s=20, env=env)
         say(f"tokenq bench scale: {asdict(cfg)}; one API process, embedded Redis (AOF on), "
             f"fake engine; limits raised for the bench: queue_limit and tenant_max_queued "

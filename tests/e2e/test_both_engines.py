@@ -26,7 +26,6 @@ from tests.e2e.test_tokenq_up_models import up, wait_for  # noqa: F401  (the fix
 from tests.vllm.conftest import vllm_required
 from tokenq.cli.stack import Stack
 from tokenq.client.sse import RawEvent, stream_events
-from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import ModelConfig, Settings
 from tokenq.shared.weights import gguf_path
 
@@ -130,7 +129,7 @@ def test_a_model_served_by_a_llama_and_a_vllm_pool_at_once(smol_hf: Path,
                                  "enforce_eager": True}}}}
     (tmp_path / "models.json").write_text(json.dumps(models))
     settings = Settings(redis_url=None, state_dir=tmp_path, models_file=tmp_path / "models.json")
-    st = Stack(settings, port=free_port(), workers=1, models=[DUO], quiet=True,
+    st = Stack(settings, workers=1, models=[DUO], quiet=True,
                drain_timeout_s=10, env={"TOKENQ_WORKER__HEARTBEAT_S": "0.5"})
     st.start_parts()
     try:

@@ -18,7 +18,6 @@ import redis
 
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
-from tokenq.shared.redis_server import free_port
 from tokenq.shared.schemas import TERMINAL_EVENTS, TERMINAL_STATES
 from tokenq.shared.settings import Settings
 from tokenq.workers.engines.fake import expected_output
@@ -44,7 +43,7 @@ def fake_stack(tmp: Path, *, workers: int = 2, rate: float = 40.0, slots: int = 
               FAKE_IDLE: {"backend": "fake", "n_parallel": slots, "n_ctx": 65536}}
     (tmp / "models.json").write_text(json.dumps(models))
     settings = Settings(redis_url=None, state_dir=tmp, models_file=tmp / "models.json")
-    st = Stack(settings, port=free_port(), workers=workers, models=[FAKE, FAKE_IDLE],
+    st = Stack(settings, workers=workers, models=[FAKE, FAKE_IDLE],
                quiet=True, drain_timeout_s=10, env={**BASE_ENV, **(env or {})})
     st.start_parts(worker_models=[FAKE])
     try:

@@ -32,7 +32,6 @@ from tests.faults.harness import BASE_ENV, FAKE, FAKE_IDLE
 from tests.faults.test_abusive_input import assert_envelope
 from tokenq.cli.stack import Stack
 from tokenq.client.sse import stream_events
-from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings
 
 TOK = "smollm2-tok"  # its vocabulary is loaded by the API; no worker
@@ -76,7 +75,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     env = {**BASE_ENV, "TOKENQ_API_KEYS": f"{KEYS['alpha']}:alpha,{KEYS['beta']}:beta",
            "TOKENQ_API__MAX_BODY_BYTES": str(BODY_LIMIT),
            "TOKENQ_API__MAX_FILE_BYTES": str(FILE_LIMIT)}
-    st = Stack(settings, port=free_port(), workers=1, models=[FAKE, FAKE_IDLE, TOK],
+    st = Stack(settings, workers=1, models=[FAKE, FAKE_IDLE, TOK],
                quiet=True, drain_timeout_s=10, env=env)
     st.start_parts(worker_models=[FAKE])
     try:

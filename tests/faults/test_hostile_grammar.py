@@ -36,7 +36,6 @@ from tests.faults.test_abusive_input import assert_envelope
 from tokenq.cli.stack import Stack
 from tokenq.client.sse import stream_events
 from tokenq.shared import keys
-from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings
 
 CRASHER = {"type": "string", "maxLength": 20000}
@@ -163,7 +162,7 @@ def test_real_llamacpp_worker_killed_by_a_grammar_is_not_retried(tmp_path: Path)
     (tmp_path / "models.json").write_text(json.dumps(models))
     settings = Settings(redis_url=None, state_dir=tmp_path, models_file=tmp_path / "models.json")
     env = {**BASE_ENV, "TOKENQ_API__SCHEMA_MAX_REPEAT": "0", "TOKENQ_API__SCHEMA_MAX_GRAMMAR": "0"}
-    st = Stack(settings, port=free_port(), workers=2, models=[SMOL_NAME], quiet=True,
+    st = Stack(settings, workers=2, models=[SMOL_NAME], quiet=True,
                drain_timeout_s=10, env=env)
     st.start_parts(worker_models=[SMOL_NAME])
     try:

@@ -28,7 +28,6 @@ from tokenq.api.app import create_app
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
 from tokenq.shared.redis_conn import async_client, sync_client
-from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings_roles import ApiSettings
 
 
@@ -247,7 +246,7 @@ def test_stack_on_sentinel_survives_a_primary_kill(dep: SentinelDeployment,
     second failover could lose) until the dead node is back, as a replica; then the
     second job is accepted and completes."""
     settings = dep.settings(state_dir=tmp_path, models_file=models_file(tmp_path))
-    st = Stack(settings, port=free_port(), workers=1, models=[FAKE], quiet=True,
+    st = Stack(settings, workers=1, models=[FAKE], quiet=True,
                drain_timeout_s=10,
                env={**BASE_ENV, "TOKENQ_API__DURABLE_REPLICAS": "1"})
     st.start_parts()

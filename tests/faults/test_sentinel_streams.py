@@ -33,7 +33,6 @@ from tests.faults.sentinel_deploy import SentinelDeployment, sentinel_deployment
 from tokenq.cli.stack import Stack
 from tokenq.client.sse import RawEvent, parse_lines
 from tokenq.shared.redis_conn import sync_client
-from tokenq.shared.redis_server import free_port
 from tokenq.shared.schemas import TERMINAL_EVENTS
 from tokenq.workers.engines.fake import expected_output
 
@@ -106,7 +105,7 @@ def test_stream_tail_lost_in_a_failover_is_resent(dep: SentinelDeployment,
     settings = dep.settings(state_dir=tmp_path, models_file=mf)
     # A lease that outlives the failover: the attempt that streamed keeps the job (a
     # takeover is tested elsewhere; here the re-send is).
-    st = Stack(settings, port=free_port(), workers=1, models=[FAKE], quiet=True,
+    st = Stack(settings, workers=1, models=[FAKE], quiet=True,
                drain_timeout_s=10, env={**BASE_ENV, "TOKENQ_WORKER__LEASE_TTL_S": "60"})
     st.start_parts()
     r = sync_client(settings, decode_responses=True,

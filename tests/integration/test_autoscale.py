@@ -21,7 +21,7 @@ from tokenq.cli.scaling import Policy
 from tokenq.cli.stack import Stack
 from tokenq.client.sse import RawEvent, stream_events
 from tokenq.shared import keys
-from tokenq.shared.redis_server import EmbeddedRedis, free_port
+from tokenq.shared.redis_server import EmbeddedRedis
 from tokenq.shared.settings import Settings
 
 MODEL = "smollm2-scale"
@@ -46,7 +46,7 @@ def scaled(redis_server: EmbeddedRedis, state_dir: Path, tmp_path: Path,
     r = redis.Redis.from_url(url, decode_responses=True)
     r.flushdb()
     settings = Settings(redis_url=url, state_dir=state_dir)
-    stack = Stack(settings, port=free_port(), models=[MODEL], quiet=True)
+    stack = Stack(settings, models=[MODEL], quiet=True)
     stack.start_parts(worker_models=[])
     policy = Policy(min_workers=0, max_workers=3, down_window_s=2, cooldown_s=3)
     scaler = Autoscaler(r, settings, [MODEL], policy, spawn=stack.spawn_worker)

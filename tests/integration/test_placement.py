@@ -18,7 +18,6 @@ import pytest
 from tests.faults.harness import BASE_ENV, redis_of, wait_terminal
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
-from tokenq.shared.redis_server import free_port
 from tokenq.shared.schemas import WorkerHeartbeat
 from tokenq.shared.settings import Settings
 from tokenq.workers.engines.fake import expected_output
@@ -36,7 +35,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     models = {DUO: {"backend": "fake", "n_ctx": 65536, "pools": POOLS}}
     (tmp / "models.json").write_text(json.dumps(models))
     settings = Settings(redis_url=None, state_dir=tmp, models_file=tmp / "models.json")
-    st = Stack(settings, port=free_port(), workers=1, models=[DUO], quiet=True,
+    st = Stack(settings, workers=1, models=[DUO], quiet=True,
                drain_timeout_s=10, env=BASE_ENV)
     st.start_parts()
     try:
@@ -143,7 +142,7 @@ def test_the_autoscaler_scales_each_pool_by_its_own_lanes(tmp_path: Path) -> Non
     (tmp_path / "models.json").write_text(json.dumps(
         {DUO: {"backend": "fake", "n_ctx": 65536, "pools": POOLS}}))
     settings = Settings(redis_url=None, state_dir=tmp_path, models_file=tmp_path / "models.json")
-    st = Stack(settings, port=free_port(), models=[DUO], quiet=True, drain_timeout_s=10,
+    st = Stack(settings, models=[DUO], quiet=True, drain_timeout_s=10,
                env=BASE_ENV)
     st.start_parts(worker_models=[])
     r = redis_of(st)

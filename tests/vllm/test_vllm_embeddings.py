@@ -15,7 +15,7 @@ import redis
 from tests.surface_checks import job_records
 from tests.vllm.test_conformance_embeddings import _wheel_dir
 from tokenq.cli.stack import Stack
-from tokenq.shared.redis_server import EmbeddedRedis, free_port
+from tokenq.shared.redis_server import EmbeddedRedis
 from tokenq.shared.settings import Settings
 
 pytestmark = pytest.mark.vllm
@@ -31,7 +31,7 @@ def vembed_stack(vllm_importable: None, redis_server: EmbeddedRedis,  # noqa: AR
                                          "path": str(_wheel_dir()), "max_model_len": 256,
                                          "max_num_seqs": 32}}))
     settings = Settings(redis_url=redis_server.url, state_dir=state_dir, models_file=path)
-    st = Stack(settings, port=free_port(), models=[VEMBED], quiet=True)
+    st = Stack(settings, models=[VEMBED], quiet=True)
     st.start_parts()
     try:
         st.wait_ready(models=[VEMBED], timeout=300)

@@ -18,7 +18,7 @@ import pytest
 from tests.lora_fixtures import write_peft_lora
 from tests.vllm.conftest import MAX_MODEL_LEN
 from tokenq.cli.stack import Stack
-from tokenq.shared.redis_server import EmbeddedRedis, free_port
+from tokenq.shared.redis_server import EmbeddedRedis
 from tokenq.shared.settings import Settings
 
 pytestmark = pytest.mark.vllm
@@ -46,7 +46,7 @@ def lora_stack(redis_server: EmbeddedRedis, state_dir: Path,
         # batch's shape, and this test compares batched text with text alone.
         "dtype": "float32"}}))
     settings = Settings(redis_url=redis_server.url, state_dir=state_dir, models_file=path)
-    st = Stack(settings, port=free_port(), workers=1, models=[BASE], quiet=True,
+    st = Stack(settings, workers=1, models=[BASE], quiet=True,
                env={"TOKENQ_WORKER__HEARTBEAT_S": "1"})
     st.start_parts()
     try:
