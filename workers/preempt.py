@@ -246,11 +246,7 @@ class Preemptor:
         self._saw_waiting = any(waiting.get(lane) for lane in LANES)
         if not any(waiting.values()):
             return []
-        for h in handles:
-            pipe.hmget(keys.job(h.job_id), ["priority", "preemptions"])
-        recs: list[list[str | None]] = pipe.execute()
-        running = [Running(h.job_id, rec[0] or "normal", int(rec[1] or 0))
-                   for h, rec in zip(handles, recs, strict=True)]
+        running = [Running(h.job_id, h.priority, h.preemptions) for h in handles]
         # Slots of exact jobs count as taken but are never freed for another job.
         pool = [(h, run) for h, run in zip(handles, running, strict=True) if h.preemptable]
         chosen = set(pick_victims([run for _, run in pool], waiting,
@@ -278,14 +274,13 @@ class Preemptor:
             self._saw_waiting = True  # a slot is on its way: look again soon
         return self.preempt([(h, lane, True) for h, run in mine if run.job_id == chosen])
 
-    def _write(self, handle: JobHandle, queue: str, fair: bool) -> bool:
+    def _write(self, handle: JobHandle, queue: str, messages: tuple[str, str]) -> bool:
         """preempt.lua for a stopped victim, tried again while Redis is away (a failover):
         the attempt is already stopped, and one not recorded as preempted would be taken
         over as a lost attempt, counted against max_attempts. The script still finds the
         job ours once Redis is back, lease expired or not, unless a newer attempt took it."""
         delay, deadline = 0.1, time.monotonic() + PREEMPT_WRITE_S
-        message = task_message(self.celery, handle.job_id, queue)
-        ticket = ticket_message(self.celery, queue) if fair else ""
+        message, ticket = messages
         while True:
             try:
                 return self.store.preempt(handle.job_id, self.worker_id, handle.attempt, queue,
@@ -309,12 +304,17 @@ class Preemptor:
             self.engine.cancel(handle.job_id)
             if hold is not None and self.settings.worker.preempt_hold_s > 0:
                 hold(self.settings.worker.preempt_hold_s)  # the waiting job joins next step
+        # the messages that put each back (fair: into its tenant's list, and a ticket),
+        # built while the engine lets go
+        queues = [keys.queue(self.model, priority) for _, priority, _ in victims]
+        messages = [(task_message(self.celery, handle.job_id, queue),
+                     ticket_message(self.celery, queue) if fair else "")
+                    for (handle, _, fair), queue in zip(victims, queues, strict=True)]
         done: list[str] = []
-        for handle, priority, fair in victims:
+        for (handle, _, fair), queue, msgs in zip(victims, queues, messages, strict=True):
             if self.engine.healthy():
                 handle.done.wait(LET_GO_S)  # its steps before the cancel are written
-            queue = keys.queue(self.model, priority)
-            ok = self._write(handle, queue, fair)
+            ok = self._write(handle, queue, msgs)
             log.info("job %s: preempted for a waiting %s job (%s)", handle.job_id,
                      "less-served tenant's" if fair else "higher-priority",
                      "requeued" if ok else "no longer ours")

@@ -63,6 +63,10 @@ class JobHandle:
     # May be preempted (workers/preempt.py); not a job that asked for exact text
     # (cache_prompt false), whose greedy text must not depend on what else ran.
     preemptable: bool = True
+    # The job's lane and how often it was preempted before this attempt (fixed for the
+    # attempt): what the preemptor weighs each look without reading the record again.
+    priority: str = "normal"
+    preemptions: int = 0
     # This attempt's token writes, by index - resumed, and the entry id the stream gave each
     # ("" until known): what a failover lost is re-sent from here.
     sent: list[TokenWrite] = field(default_factory=list)

@@ -120,10 +120,13 @@ def submit(rt: WorkerRuntime, job_id: str, got: Acquired) -> JobHandle:
     (no gap, no duplicate)."""
     token_ids, texts = emitted(rt.r, job_id) if got.attempt > 1 else ([], [])
     spec = got.spec
-    priority = rt.r.hget(keys.job(job_id), "priority")
+    rec: list[str | None] = rt.r.hmget(  # type: ignore[assignment]
+        keys.job(job_id), ["priority", "preemptions"])
+    priority, preemptions = rec
     guard_grammar(rt, job_id, got.attempt, spec.params)
     handle = rt.publisher.track(job_id, got.attempt, emitted=texts)
     handle.preemptable = spec.params.cache_prompt
+    handle.priority, handle.preemptions = priority or "normal", int(preemptions or 0)
     try:
         rt.engine.submit(EngineRequest(
             job_id=job_id, attempt=got.attempt, prompt=spec.prompt, messages=spec.messages,
@@ -189,8 +192,10 @@ def observe(rt: WorkerRuntime, job_id: str, attempt: int, started: float,
     if handle.outcome == "succeeded" and not handle.resumed:  # the pace placement reads
         rt.pace.observe(started=started, first_token_at=handle.first_token_at, ended=now,
                         prompt=prompt, completion=completion)
+    if attempt != 1 or handle.outcome != "succeeded":
+        return  # (a preempted job's slot is taken again sooner without the read)
     created = rt.r.hget(keys.job(job_id), "created_at")
-    if attempt != 1 or not created or handle.outcome != "succeeded":
+    if not created:
         return
     t0 = float(created)
     m.queue_time.labels(model).observe(max(0.0, started - t0))

@@ -240,6 +240,7 @@ def fair(
     token_rate: Annotated[float, typer.Option(
         help="the fake engine's tokens/s per job (its step: 1/this)")] = 64.0,
     max_tokens: Annotated[int, typer.Option(help="tokens per job")] = 32,
+    seed: Annotated[int, typer.Option(help="the arrivals' seed (0: those of earlier runs)")] = 0,
     json_out: Json = False,
 ) -> None:
     """Fair share vs FIFO: one heavy tenant beside light ones, on the fake engine.
@@ -250,7 +251,7 @@ def fair(
 
     cfg = FairConfig(tenants=tenants, heavy_factor=heavy_factor, light_rate=light_rate,
                      seconds=seconds, window_s=window_s, workers=workers, apis=apis,
-                     token_rate=token_rate, max_tokens=max_tokens)
+                     token_rate=token_rate, max_tokens=max_tokens, seed=seed)
     emit(run_fair(cfg, (lambda _: None) if json_out else typer.echo), json_out)
 
 

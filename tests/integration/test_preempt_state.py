@@ -23,7 +23,7 @@ from tests.integration.test_job_state import (
     store,
 )
 from tokenq.shared import keys
-from tokenq.shared.celery_app import create_celery
+from tokenq.shared.celery_app import create_celery, task_message
 from tokenq.shared.jobs import Appended, Skipped, SkipReason
 from tokenq.shared.settings import Settings
 from tokenq.workers.preempt import Preemptor, Running, pick_victims
@@ -158,8 +158,9 @@ def test_a_preemption_is_written_once_redis_is_back() -> None:
         return True
 
     me = SimpleNamespace(store=SimpleNamespace(preempt=write), worker_id="w1",
-                         celery=create_celery(Settings(redis_url="redis://127.0.0.1:1/0")),
                          _stop=threading.Event())
     handle = SimpleNamespace(job_id=JOB, attempt=1)
-    assert Preemptor._write(me, handle, "q", False) is True  # type: ignore[arg-type]
+    messages = (task_message(create_celery(Settings(redis_url="redis://127.0.0.1:1/0")), JOB,
+                             "q"), "")
+    assert Preemptor._write(me, handle, "q", messages) is True  # type: ignore[arg-type]
     assert len(calls) == 3

@@ -33,7 +33,7 @@ SUBCOMMANDS = {
     "scale": {"--quick", "--clients", "--token-rate", "--posts", "--backlog", "--relay",
               "--no-relay", "--json"},
     "fair": {"--tenants", "--heavy-factor", "--light-rate", "--seconds", "--window-s",
-             "--workers", "--apis", "--token-rate", "--max-tokens", "--json"},
+             "--workers", "--apis", "--token-rate", "--max-tokens", "--seed", "--json"},
     "postcall": {"--model", "--calls", "--max-tokens", "--seed", "--runs", "--peers",
                  "--no-peers", "--json"},
     "eta": {"--jobs", "--warmup", "--tenants", "--runs", "--json"},
