@@ -138,9 +138,13 @@ class Publisher:
         self._steps.put(None)
         self._thread.join(timeout=10)
 
-    def track(self, job_id: str, attempt: int, emitted: list[str] | None = None) -> JobHandle:
-        """Follow a job; `emitted` is the text an earlier attempt already streamed."""
-        handle = JobHandle(job_id, attempt, text=list(emitted or []), resumed=len(emitted or []))
+    def track(self, job_id: str, attempt: int, emitted: list[str] | None = None, *,
+              preemptable: bool = True, priority: str = "normal",
+              preemptions: int = 0) -> JobHandle:
+        """Follow a job; `emitted` is the text an earlier attempt already streamed. The
+        handle is whole before the preemptor can see it."""
+        handle = JobHandle(job_id, attempt, text=list(emitted or []), resumed=len(emitted or []),
+                           preemptable=preemptable, priority=priority, preemptions=preemptions)
         with self._lock:
             self._handles[job_id] = handle
         return handle

@@ -124,9 +124,9 @@ def submit(rt: WorkerRuntime, job_id: str, got: Acquired) -> JobHandle:
         keys.job(job_id), ["priority", "preemptions"])
     priority, preemptions = rec
     guard_grammar(rt, job_id, got.attempt, spec.params)
-    handle = rt.publisher.track(job_id, got.attempt, emitted=texts)
-    handle.preemptable = spec.params.cache_prompt
-    handle.priority, handle.preemptions = priority or "normal", int(preemptions or 0)
+    handle = rt.publisher.track(job_id, got.attempt, emitted=texts,
+                                preemptable=spec.params.cache_prompt,
+                                priority=priority or "normal", preemptions=int(preemptions or 0))
     try:
         rt.engine.submit(EngineRequest(
             job_id=job_id, attempt=got.attempt, prompt=spec.prompt, messages=spec.messages,
