@@ -246,9 +246,9 @@ class Preemptor:
         self._saw_waiting = any(waiting.get(lane) for lane in LANES)
         if not any(waiting.values()):
             return []
-        running = [Running(h.job_id, h.priority, h.preemptions) for h in handles]
         # Slots of exact jobs count as taken but are never freed for another job.
-        pool = [(h, run) for h, run in zip(handles, running, strict=True) if h.preemptable]
+        pool = [(h, Running(h.job_id, h.priority, h.preemptions)) for h in handles
+                if h.preemptable]
         chosen = set(pick_victims([run for _, run in pool], waiting,
                                   self.settings.worker.preempt_max))
         if chosen:

@@ -17,11 +17,14 @@ from tokenq.shared.redis_server import free_port
 from tokenq.shared.settings import Settings
 
 
+def fake_settings(tmp: Path) -> Settings:
+    (tmp / "models.json").write_text(json.dumps({"fake": {"backend": "fake", "n_parallel": 2}}))
+    return Settings(redis_url=None, state_dir=tmp, models_file=tmp / "models.json")
+
+
 def test_the_api_moves_off_a_picked_port_another_process_took(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "models.json").write_text(json.dumps(
-        {"fake": {"backend": "fake", "n_parallel": 2}}))
-    settings = Settings(redis_url=None, state_dir=tmp_path, models_file=tmp_path / "models.json")
+    settings = fake_settings(tmp_path)
     with socket.socket() as squatter:  # takes the port the stack will pick first
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
@@ -40,9 +43,7 @@ def test_the_api_moves_off_a_picked_port_another_process_took(
 
 def test_an_explicit_port_that_is_taken_fails_the_start(tmp_path: Path) -> None:
     """A port the operator chose is never swapped for another."""
-    (tmp_path / "models.json").write_text(json.dumps(
-        {"fake": {"backend": "fake", "n_parallel": 2}}))
-    settings = Settings(redis_url=None, state_dir=tmp_path, models_file=tmp_path / "models.json")
+    settings = fake_settings(tmp_path)
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
