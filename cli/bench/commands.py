@@ -241,6 +241,9 @@ def fair(
         help="the fake engine's tokens/s per job (its step: 1/this)")] = 64.0,
     max_tokens: Annotated[int, typer.Option(help="tokens per job")] = 32,
     seed: Annotated[int, typer.Option(help="the arrivals' seed (0: those of earlier runs)")] = 0,
+    seeds: Annotated[str, typer.Option(
+        help="several seeds, e.g. 0,1,2,3: a run each, and the light p95 waits pooled "
+             "over them (instead of --seed)")] = "",
     json_out: Json = False,
 ) -> None:
     """Fair share vs FIFO: one heavy tenant beside light ones, on the fake engine.
@@ -252,7 +255,11 @@ def fair(
     cfg = FairConfig(tenants=tenants, heavy_factor=heavy_factor, light_rate=light_rate,
                      seconds=seconds, window_s=window_s, workers=workers, apis=apis,
                      token_rate=token_rate, max_tokens=max_tokens, seed=seed)
-    emit(run_fair(cfg, (lambda _: None) if json_out else typer.echo), json_out)
+    try:
+        several = [int(x) for x in seeds.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{seeds!r}: seeds as 0,1,2,3", param_hint="--seeds") from None
+    emit(run_fair(cfg, (lambda _: None) if json_out else typer.echo, several), json_out)
 
 
 @bench_app.command("eta")

@@ -33,7 +33,8 @@ SUBCOMMANDS = {
     "scale": {"--quick", "--clients", "--token-rate", "--posts", "--backlog", "--relay",
               "--no-relay", "--json"},
     "fair": {"--tenants", "--heavy-factor", "--light-rate", "--seconds", "--window-s",
-             "--workers", "--apis", "--token-rate", "--max-tokens", "--seed", "--json"},
+             "--workers", "--apis", "--token-rate", "--max-tokens", "--seed", "--seeds",
+             "--json"},
     "postcall": {"--model", "--calls", "--max-tokens", "--seed", "--runs", "--peers",
                  "--no-peers", "--json"},
     "eta": {"--jobs", "--warmup", "--tenants", "--runs", "--json"},
@@ -110,3 +111,25 @@ def test_mixed_arrivals_in_groups_at_a_fixed_pace() -> None:
     assert poisson[0] == 0.0 and poisson == sorted(set(poisson))
     grouped = arrival_times(MixedConfig(arrivals=4, group=2))
     assert grouped[0] == grouped[1] == 0.0 and grouped[2] == grouped[3] == poisson[1]
+
+
+def test_fair_figures_pooled_over_seeds() -> None:
+    """`bench fair --seeds`: each seed's ratio, and each arm's p95 over every seed's light
+    jobs (not a median of the runs' p95s)."""
+    from tokenq.cli.bench.fair import pooled
+
+    def run(seed: int, fair: list[float], absent: list[float]) -> dict[str, object]:
+        arms = {"fair": fair, "fifo": [x * 10 for x in fair], "heavy_absent": absent}
+        return {"config": {"seed": seed},
+                "summary": {"fair_wait_ratio": fair[-1] / absent[-1], "fair_jain_min": 0.99},
+                **{arm: {"light_waits_s": sorted(ws)} for arm, ws in arms.items()}}
+
+    # 20 jobs a run; each run's own p95 (its 20th) is its one long wait
+    runs = [run(1, [0.004] * 19 + [0.1], [0.002] * 19 + [0.01]),
+            run(2, [0.004] * 20, [0.002] * 20)]
+    got = pooled(runs)
+    assert got["seeds"] == [1, 2] and got["fair_wait_ratios"] == [10.0, 2.0]
+    # 40 jobs: the p95 is the 39th, not the one long wait
+    assert got["pooled_fair_p95_s"] == 0.004 and got["pooled_absent_p95_s"] == 0.002
+    assert got["pooled_fair_wait_ratio"] == 2.0 and got["pooled_fifo_wait_ratio"] == 20.0
+    assert got["fair_jain_min"] == 0.99
