@@ -133,3 +133,25 @@ def test_fair_figures_pooled_over_seeds() -> None:
     assert got["pooled_fair_p95_s"] == 0.004 and got["pooled_absent_p95_s"] == 0.002
     assert got["pooled_fair_wait_ratio"] == 2.0 and got["pooled_fifo_wait_ratio"] == 20.0
     assert got["fair_jain_min"] == 0.99
+
+
+def test_placement_counts_a_job_misplaced_from_the_records() -> None:
+    """`bench placement`'s `misplaced`: a job's real finish against when the other pool
+    would have finished it, from that pool's own records (its queue ahead of the job, its
+    slots, its median run time), not against an estimate."""
+    from tokenq.cli.bench.placement import misplaced
+
+    def rec(pool: str, created: float, finished: float) -> dict[str, str]:
+        return {"pool": f"m@{pool}", "created_at": repr(created), "finished_at": repr(finished)}
+
+    fast = [rec("fast", 0.00, 1.0), rec("fast", 0.01, 1.0), rec("fast", 0.02, 2.0),
+            rec("fast", 0.03, 2.0)]  # two waves on its 2 slots
+    slow = [rec("slow", 0.04, 3.04),  # fast would have started it at 2.0 (4 ahead, 2
+            # slots): done at 3.0 there, 3.04 here: not 20% later
+            rec("slow", 0.05, 6.05)]  # waited behind the first here: 6 s, against 2.95 s
+    late_fast = [rec("fast", 0.06, 5.0)]  # slow would have started it at 6.05: not misplaced
+    recs = fast + slow + late_fast
+    slots, run_s = {"fast": 2, "slow": 1}, {"fast": 1.0, "slow": 3.0}
+    assert misplaced(recs, slots, run_s) == 1
+    assert misplaced(recs, slots, {"fast": 1.0}) == 1  # slow's run time unknown: not judged
+    assert misplaced(recs, slots, {"slow": 3.0}) == 0  # fast's unknown: the slow jobs aren't
