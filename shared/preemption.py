@@ -22,7 +22,7 @@ def preempt(job_id: str, *, worker: str, attempt: int, queue: str, message: str,
 
 def fair_victims(queue: str, running: Sequence[str], *, claim_ms: int, now: float,
                  fair: FairShare) -> Call[tuple[str, str | None]]:
-    """Of `running` (this worker's jobs of the lane, most recently started first), the one
+    """Of `running` (this worker's jobs of the lane, in the order to choose from), the one
     to hand back to the tenant the lane's next ticket takes: ('ok', id), ('claimed', None)
     or ('none', None) (fair_victims.lua)."""
     lane = keys.lane(queue)

@@ -173,7 +173,7 @@ class JobStore:
 
     def fair_victims(self, queue: str, running: Sequence[str],
                      claim_ms: int) -> tuple[str, str | None]:
-        """Which of `running` (most recently started first) to hand back to the lane's
+        """Which of `running` (in the order to choose from) to hand back to the lane's
         next tenant (fair_victims.lua); ('none', None) under FIFO."""
         if not self.s.fair_share or not running:
             return "none", None

@@ -267,7 +267,11 @@ class Preemptor:
             return []
         mine = [(h, run) for h, run in pool if run.priority == lane
                 and run.preemptions < self.settings.worker.preempt_max]
-        mine.reverse()  # the most recently started first: the least work lost
+        # the fewest times preempted first (a resumed job is its tenant's newest here: sent
+        # back at each look, it would reach preempt_max and then hold its slot against
+        # every waiting tenant), then the most recently started (the least work lost)
+        mine.reverse()
+        mine.sort(key=lambda c: c[1].preemptions)
         status, chosen = self.store.fair_victims(keys.queue(self.model, lane),
                                                  [run.job_id for _, run in mine], FAIR_CLAIM_MS)
         if status == "claimed":

@@ -201,7 +201,11 @@ def run_arm(cfg: FairConfig, *, fair: bool, heavy: bool, say: Say) -> dict[str, 
                     extra[0].terminate()
                     await asyncio.to_thread(extra[0].wait, 30)
                     extra[0] = spawn(0)
-                return await task
+                accepted = await task
+                # the arrivals end at their last one before stop_at: the run lasts the whole
+                # of `seconds`, so its last window is counted too
+                await asyncio.sleep(stop_at - time.monotonic())
+                return accepted
 
             accepted = asyncio.run(with_restart())
             t1 = time.time()

@@ -39,12 +39,36 @@ local function charge(share_key, tokens, now, half_s)
   return share_score(served, weight, now, half_s)
 end
 
+-- The lowest score among the lane's tenants with work other than `tenant`: those
+-- backlogged (the zset) and those running a job of the lane with nothing waiting
+-- (`{lane}:held`, read only while it names at most HELD_LOOKED tenants: beyond that, the
+-- backlogged alone). nil when there are none.
+local HELD_LOOKED = 64
+local function lowest_with_work(tenants_key, tenant, now, half_s)
+  local low = redis.call('ZRANGE', tenants_key, 0, 0, 'WITHSCORES')[2]
+  low = low and tonumber(low)
+  local held_key = string.sub(tenants_key, 1, -9) .. ':held'  -- {lane}:tenants -> :held
+  if redis.call('HLEN', held_key) > HELD_LOOKED then return low end
+  for _, other in ipairs(redis.call('HKEYS', held_key)) do
+    if other ~= tenant then
+      local served, weight = served_now('@SHARE_PREFIX@' .. other, now, half_s)
+      local score = share_score(served, weight, now, half_s)
+      if not low or score < low then low = score end
+    end
+  end
+  return low
+end
+
 -- The tenant's list just got work while it was not backlogged: it joins the lane at its
--- own score, or at most BANK below the lowest backlogged score (its service raised to half
--- that tenant's), so idling banks little credit: it goes first until it has caught up with
--- half the service of those being served, and it is then behind nobody who was served
--- less. fair_victims.lua frees a slot for it while it is that far behind. FIFO: at
--- `created`.
+-- own score, or at most BANK below the lowest score of the tenants with work (its service
+-- raised to half that tenant's), so idling banks little credit: it goes first until it
+-- has caught up with half the service of the least served of those being served or
+-- waiting, and it is then behind nobody who was served less. fair_victims.lua frees a
+-- slot for it while it is that far behind. Counting the running tenants keeps the light
+-- tenants' own service apart beside a heavy one: measured against the heavy tenant alone
+-- (the only one waiting), every light tenant that came back would be raised to half the
+-- heavy one's service, and their scores would say when each came back, not how much each
+-- was served. FIFO: at `created`.
 local BANK = 1  -- log2 units
 local function enter(tenants_key, tenant, share_key, now, half_s, fifo, created)
   if redis.call('ZSCORE', tenants_key, tenant) then return end
@@ -54,7 +78,7 @@ local function enter(tenants_key, tenant, share_key, now, half_s, fifo, created)
   end
   local served, weight = served_now(share_key, now, half_s)
   local own = share_score(served, weight, now, half_s)
-  local low = redis.call('ZRANGE', tenants_key, 0, 0, 'WITHSCORES')[2]
+  local low = lowest_with_work(tenants_key, tenant, now, half_s)
   -- (a raise to less than one token is none: a score at the floor reads as no service)
   local raised = low and weight * 2 ^ (tonumber(low) - BANK - now / half_s)
   if raised and raised >= 1 and tonumber(low) - BANK > own then

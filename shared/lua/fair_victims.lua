@@ -2,17 +2,19 @@
 -- lane to hand back (preempt.lua with a ticket) so that the tenant the lane's next ticket
 -- takes (its least-served backlogged tenant, pick.lua) gets a slot now instead of waiting
 -- for one to free (docs/scheduling.md, "Fair share").
--- The running jobs (ARGV: this worker's, most recently started first, each still
--- preemptable) name the tenants it could take a slot from. The slots each tenant holds are
+-- The running jobs (ARGV: this worker's, each still preemptable, the fewest times
+-- preempted first, then the most recently started) name the tenants it could take a slot
+-- from. The slots each tenant holds are
 -- counted over every worker of the lane (`{lane}:held`, kept by leasing.lua and
--- terminal.lua). The victim is the newest job here of a tenant that either
+-- terminal.lua). The victim is the first job here (in that order) of a tenant that either
 -- - holds more slots per weight than the next tenant would with one more, and was served at
 --   least as much (weighted) as it: the lane's slots are shared max-min by weight among
 --   the tenants with work, and never taken from the less served; or
 -- - was served more than MARGIN above the next tenant (log2 units: 0.5 = 1.4 times as
 --   much, weighted): a tenant far behind (one that comes back after idling is at most
 --   fair.lua's BANK behind) does not wait for a slot to free.
--- Of several, the one holding the most slots per weight.
+-- Of several, the most served (weighted): a light tenant's job is not sent back while a
+-- heavy tenant's runs here.
 -- `{lane}:ceded` counts the slots freed this way whose ticket no take has used yet
 -- (pick.lua counts it down; it expires after `claim_ms`): while it is at the number of
 -- backlogged tenants other than the victim's, nothing more is freed, so two workers do not
@@ -47,10 +49,10 @@ for i = 4, #ARGV do
 end
 
 local owed = (held(next_tenant) + 1) / weight(next_tenant)
-local victim, most = nil, 0
+local victim, most = nil, nil
 for _, tenant in ipairs(order) do
-  local load = held(tenant) / weight(tenant)
-  if tenant ~= next_tenant and load > most then
+  if tenant ~= next_tenant then
+    local load = held(tenant) / weight(tenant)
     local score = redis.call('ZSCORE', tenants_key, tenant)
     if score then
       score = tonumber(score)
@@ -58,8 +60,9 @@ for _, tenant in ipairs(order) do
       local served, w = served_now('@SHARE_PREFIX@' .. tenant, now, half_s)
       score = share_score(served, w, now, half_s)
     end
-    if (score >= next_score and load > owed) or score - next_score > MARGIN then
-      victim, most = tenant, load
+    if ((score >= next_score and load > owed) or score - next_score > MARGIN)
+        and (most == nil or score > most) then
+      victim, most = tenant, score
     end
   end
 end

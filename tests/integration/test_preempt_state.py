@@ -108,6 +108,28 @@ def test_the_fewest_times_preempted_go_first_then_the_most_recent() -> None:
         "l1", "n1"]
 
 
+def test_between_tenants_the_fewest_times_preempted_go_first_then_the_most_recent() -> None:
+    """fair_victims.lua takes the first job (in the order given) of the tenant that makes
+    room. Most recent first alone would send a job back again as soon as it resumed (it is
+    its tenant's newest here) until it reached preempt_max, and then it would hold its slot
+    against every waiting tenant."""
+    asked: list[list[str]] = []
+
+    def fair_victims(_queue: str, running: list[str], _claim_ms: int) -> tuple[str, None]:
+        asked.append(running)
+        return "none", None
+
+    me = SimpleNamespace(store=SimpleNamespace(fair_victims=fair_victims), model="m",
+                         settings=Settings(fair_share=True), _between_tenants=True,
+                         _saw_waiting=False, preempt=lambda _victims: [])
+    # in the order their attempts started; h3 just resumed after its second preemption
+    pool = [(SimpleNamespace(job_id=j.job_id), j) for j in (
+        run("h1", "normal"), run("h2", "normal", 1), run("x", "low"), run("h3", "normal", 2),
+        run("h4", "normal"), run("h5", "normal", 4))]  # h5: at preempt_max (4)
+    assert Preemptor._fair(me, pool, {"normal": 1}) == []  # type: ignore[arg-type]
+    assert asked == [["h4", "h1", "h2", "h3"]]
+
+
 def test_a_job_preempted_preempt_max_times_keeps_its_slot() -> None:
     running = [run("l1", "low", 2), run("l2", "low", 1)]
     assert pick_victims(running, {"high": 2}, 2) == ["l2"]

@@ -97,15 +97,20 @@ def test_a_tenant_far_behind_is_owed_a_slot_however_few_others_hold(r: redis.Red
     s = store(r)
     submit(s, "a", 5, est=1000)
     take(s, 1, worker="elsewhere")  # a holds 1 slot and was served 1,000 tokens
-    submit(s, "b", 1)
+    submit(s, "b", 1)  # comes back one step below a (500), c one below b (250)
     submit(s, "c", 1)
-    here = take(s, 2)  # b and c go first (they came back behind a, at 500)
+    here = take(s, 2)  # b and c go first, each charged 100 (600 and 350)
     assert sorted(owner(j) for j in here) == ["b", "c"]
-    submit(s, "d", 1)  # d comes back one step below a: owed a slot though a holds only 1
+    # d comes back one step below the least served of the tenants with work, c, which is
+    # running and waits for nothing (175, not a's 500): owed a slot though nobody holds two
+    submit(s, "d", 1)
+    assert float(r.hget(keys.share("d"), "served") or 0) == pytest.approx(175, rel=1e-3)
     assert s.fair_victims(Q, ["a-0"], 1000) == ("ok", "a-0")
-    # b and c, served about as little as d, hold one slot each: nothing is taken from them
+    # Of several served far more than d, the most served makes room: a, then b (not c).
     r.delete(keys.lane_ceded(LANE))
-    assert s.fair_victims(Q, running(r, here), 1000) == ("none", None)
+    assert s.fair_victims(Q, [*running(r, here), "a-0"], 1000) == ("ok", "a-0")
+    r.delete(keys.lane_ceded(LANE))
+    assert s.fair_victims(Q, running(r, here), 1000) == ("ok", "b-0")
 
 
 def test_fifo_never_preempts_between_tenants(r: redis.Redis) -> None:
