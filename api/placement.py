@@ -6,8 +6,13 @@ submit, for each pool with a live worker, the job's finish is estimated from the
 load (its jobs placed and not ended, `tokenq:pool:load`) and its workers' measured pace
 (heartbeats; workers/pace.py):
 
-    wait   = 0 while the load is below the pool's slots; else the jobs ahead of it
-             beyond the slots (load - slots + 1) x the pool's mean job time / its slots
+    wait   = 0 while the load is below the pool's slots; else it starts with the k-th
+             slot to free (k = load - slots + 1), in the ceil(k / slots)-th round of
+             the pool's slots, the round under way taken as half done:
+             (ceil(k / slots) - 1/2) x the pool's mean job time. (A slot freeing every
+             job time / slots, as in a steady stream, put the last jobs of a burst on a
+             slower pool: its slots had all started together, and the first freed a whole
+             job later.)
     first  = wait + prompt tokens / the pool's prompt rate
     finish = first + (max_tokens - 1) / one stream's decode rate
 
@@ -87,7 +92,8 @@ def check_pin(model: str, cfg: ModelConfig, pin: str | None) -> str | None:
 def estimate(load: PoolLoad, pace: Pace, n_prompt: int, max_tokens: int) -> Estimate:
     """The formula of the module's docstring (place.lua computes the same in Redis)."""
     slots = max(1, load.slots)
-    wait = 0.0 if load.busy < slots else (load.busy - slots + 1) * pace.job_s / slots
+    wait = (0.0 if load.busy < slots
+            else (math.ceil((load.busy - slots + 1) / slots) - 0.5) * pace.job_s)
     prompt, decode = own_times(pace, n_prompt, max_tokens)
     return Estimate(load.name, wait + prompt, wait + prompt + decode)
 

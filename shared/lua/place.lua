@@ -5,7 +5,10 @@
 -- job ends (terminal.lua's on_terminal), or by the API when its create did not happen.
 -- Per pool (ARGV, 6 each after the budget): its id, slots, mean job seconds, the job's
 -- own first-token and decode seconds there, and whether it may take the job (1/0).
---   wait   = 0 while load < slots, else (load - slots + 1) x job_s / slots
+--   wait   = 0 while load < slots, else (ceil(k / slots) - 1/2) x job_s, k = load - slots + 1:
+--            the job starts with the k-th slot to free, in the ceil(k / slots)-th round of
+--            the pool's slots, the round under way half done (a burst's slots all started
+--            together: the first frees a whole job later, not job_s / slots)
 --   first  = wait + own first;  finish = first + own decode
 -- The earliest finish among those allowed whose first token is within the budget (ms;
 -- 0: none) gets the job and its load + 1. Returns {index (1-based; 0: none fits), then
@@ -23,7 +26,7 @@ for i = 0, (#ARGV - 1) / FIELDS - 1 do
   local load = math.max(0, tonumber(redis.call('HGET', load_key, pool)) or 0)
   slots = math.max(1, slots)
   local wait = 0
-  if load >= slots then wait = (load - slots + 1) * job_s / slots end
+  if load >= slots then wait = (math.ceil((load - slots + 1) / slots) - 0.5) * job_s end
   local first = wait + own_first
   local finish = first + own_decode
   out[#out + 1] = math.floor(first * 1000 + 0.5)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import pytest
+import redis
 from pydantic import ValidationError
 
 from tokenq.api.errors import BudgetUnreachable, InvalidRequest
 from tokenq.api.placement import PoolLoad, check_pin, choose, estimate, pins
+from tokenq.shared import keys
+from tokenq.shared.estimates import own_times
+from tokenq.shared.lua_scripts import Scripts
 from tokenq.shared.model_config import ModelConfig, pool_id, split_pool
 from tokenq.shared.schemas import Pace
 
@@ -21,22 +25,25 @@ def load(name: str, slots: int, busy: int, pace: Pace | None, workers: int = 1) 
 def test_a_free_slot_means_no_wait_and_a_full_pool_waits_its_turn() -> None:
     free = estimate(load("gpu", 16, 15, GPU), GPU, 1000, 101)
     assert free.first_s == pytest.approx(0.1) and free.finish_s == pytest.approx(1.1)
-    # 16 running + 16 waiting: 17 jobs ahead beyond the slots, 1/16 s of a job each
+    # 16 running + 15 waiting: the 16th to wait starts as the running round ends (half
+    # done, on average), the 17th a whole round later
+    last_of_round = estimate(load("gpu", 16, 31, GPU), GPU, 1000, 101)
+    assert last_of_round.first_s == pytest.approx(0.5 + 0.1)
     full = estimate(load("gpu", 16, 32, GPU), GPU, 1000, 101)
-    assert full.first_s == pytest.approx(17 / 16 + 0.1)
+    assert full.first_s == pytest.approx(1.5 + 0.1)
 
 
 def test_the_earliest_finish_wins_and_the_pin_and_the_budget_narrow_it() -> None:
     idle = [load("gpu", 16, 0, GPU), load("cpu", 4, 0, CPU)]
     assert choose(idle, 100, 100, None, None)[0] == "gpu"
-    # the GPU pool 12 rounds deep (11 s of wait): the idle CPU pool's 10 s finish sooner
+    # the GPU pool 12 rounds deep (11.5 s of wait): the idle CPU pool's 10 s finish sooner
     deep = [load("gpu", 16, 192, GPU), load("cpu", 4, 0, CPU)]
     name, ests = choose(deep, 100, 100, None, None)
     assert name == "cpu" and {e.pool for e in ests} == {"gpu", "cpu"}
     assert choose(deep, 100, 100, "gpu", None)[0] == "gpu"  # pinned: waits its turn
     assert choose(idle, 100, 100, None, 200)[0] == "gpu"
     with pytest.raises(BudgetUnreachable) as err:
-        choose(deep, 100, 100, "gpu", 1000)  # first token in ~11.2 s, budget 1 s
+        choose(deep, 100, 100, "gpu", 1000)  # first token in ~11.5 s, budget 1 s
     assert err.value.retry_after == 11 and err.value.code == "budget_unreachable"
 
 
@@ -83,3 +90,15 @@ def test_a_backend_list_is_a_pool_per_backend_and_pins_name_either() -> None:
 def test_a_bad_pool_entry_is_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         ModelConfig.model_validate(bad)
+
+
+def test_place_lua_estimates_what_estimate_does(r: redis.Redis) -> None:
+    """place.lua (the choice, in Redis) and `estimate` (its formula in Python) agree."""
+    place = Scripts(r, ("place",))["place"]
+    first, decode = own_times(GPU, 1000, 101)
+    for busy in (0, 15, 16, 17, 31, 32, 33, 200):
+        r.hset(keys.POOL_LOAD, "m@gpu", busy)
+        got = place(keys=[keys.POOL_LOAD], args=[0, "m@gpu", 16, GPU.job_s, first, decode, 1])
+        est = estimate(load("gpu", 16, busy, GPU), GPU, 1000, 101)
+        assert got[0] == 1 and int(r.hget(keys.POOL_LOAD, "m@gpu") or 0) == busy + 1
+        assert (got[1], got[2]) == (round(est.first_s * 1000), round(est.finish_s * 1000)), busy
