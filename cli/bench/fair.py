@@ -245,18 +245,17 @@ def pooled(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Several seeds' runs: each one's wait ratio, and the light p95 wait of each arm over
     the light jobs of every run (a p95 over more jobs: one run's rests on its ~8 longest
     waits, which a single burst of light arrivals decides)."""
-    def p95(arm: str) -> float:
-        return quantile([w for r in runs for w in r[arm]["light_waits_s"]], 0.95)
-
+    p95 = {arm: quantile([w for r in runs for w in r[arm]["light_waits_s"]], 0.95)
+           for arm in ("fair", "fifo", "heavy_absent")}
     ratios = [r["summary"]["fair_wait_ratio"] for r in runs]
-    base = max(p95("heavy_absent"), 1e-3)
+    base = max(p95["heavy_absent"], 1e-3)
     return {"seeds": [r["config"]["seed"] for r in runs], "fair_wait_ratios": ratios,
             "fair_wait_ratio_median": statistics.median(ratios),
             "fair_jain_min": min(r["summary"]["fair_jain_min"] for r in runs),
-            "pooled_fair_p95_s": p95("fair"), "pooled_fifo_p95_s": p95("fifo"),
-            "pooled_absent_p95_s": p95("heavy_absent"),
-            "pooled_fair_wait_ratio": p95("fair") / base,
-            "pooled_fifo_wait_ratio": p95("fifo") / base}
+            "pooled_fair_p95_s": p95["fair"], "pooled_fifo_p95_s": p95["fifo"],
+            "pooled_absent_p95_s": p95["heavy_absent"],
+            "pooled_fair_wait_ratio": p95["fair"] / base,
+            "pooled_fifo_wait_ratio": p95["fifo"] / base}
 
 
 def run_seed(cfg: FairConfig, say: Say = print) -> dict[str, Any]:

@@ -145,13 +145,13 @@ def arm(st: Stack, r: redis.Redis, cfg: PlacementConfig, pin: str | None,
         took = float(h.get("finished_at") or 0) - float(h["created_at"])
         vs_estimate += bool(others) and took > 1.2 * min(others)
     slots = {"fast": cfg.fast_slots, "slow": cfg.slow_slots}
-    wrong = misplaced([h for h in recs if h.get("finished_at")], slots,
-                      {**warm_run_s, **run_times(recs)})
+    wrong = None if pin is not None else misplaced(
+        [h for h in recs if h.get("finished_at")], slots, {**warm_run_s, **run_times(recs)})
     return {"rejections": len(got) - len(ids),
             "succeeded": sum(h.get("state") == "succeeded" for h in recs),
             "ttft_p50_s": quantile(ttft, 0.5), "ttft_p95_s": quantile(ttft, 0.95),
             "makespan_s": max(float(h.get("finished_at") or 0) for h in recs) - t0,
-            "per_pool": on, "misplaced": wrong if pin is None else None,
+            "per_pool": on, "misplaced": wrong,
             "misplaced_vs_estimate": vs_estimate if pin is None else None}
 
 

@@ -25,6 +25,12 @@ local function share_score(served, weight, now, half_s)
   return math.log(math.max(served, 1) / weight) / LOG2 + now / half_s
 end
 
+-- The tenant's score now (its service decayed to `now`, weighted).
+local function score_now(share_key, now, half_s)
+  local served, weight = served_now(share_key, now, half_s)
+  return share_score(served, weight, now, half_s)
+end
+
 -- Write the tenant's service (never below 0). Kept 40 half-lives: decayed to nothing.
 local function set_served(share_key, served, now, half_s)
   redis.call('HSET', share_key, 'served', num(math.max(served, 0)), 'at', num(now))
@@ -51,8 +57,7 @@ local function lowest_with_work(tenants_key, tenant, now, half_s)
   if redis.call('HLEN', held_key) > HELD_LOOKED then return low end
   for _, other in ipairs(redis.call('HKEYS', held_key)) do
     if other ~= tenant then
-      local served, weight = served_now('@SHARE_PREFIX@' .. other, now, half_s)
-      local score = share_score(served, weight, now, half_s)
+      local score = score_now('@SHARE_PREFIX@' .. other, now, half_s)
       if not low or score < low then low = score end
     end
   end

@@ -53,13 +53,8 @@ local victim, most = nil, nil
 for _, tenant in ipairs(order) do
   if tenant ~= next_tenant then
     local load = held(tenant) / weight(tenant)
-    local score = redis.call('ZSCORE', tenants_key, tenant)
-    if score then
-      score = tonumber(score)
-    else
-      local served, w = served_now('@SHARE_PREFIX@' .. tenant, now, half_s)
-      score = share_score(served, w, now, half_s)
-    end
+    local score = tonumber(redis.call('ZSCORE', tenants_key, tenant))
+        or score_now('@SHARE_PREFIX@' .. tenant, now, half_s)
     if ((score >= next_score and load > owed) or score - next_score > MARGIN)
         and (most == nil or score > most) then
       victim, most = tenant, score
