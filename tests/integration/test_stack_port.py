@@ -51,6 +51,10 @@ def test_an_explicit_port_that_is_taken_fails_the_start(tmp_path: Path) -> None:
         st = Stack(settings, port=taken, workers=0, models=["fake"], quiet=True)
         st.start_parts()
         try:
+            # The API cannot bind it and exits. Waited for first: a probe of the port in
+            # between reaches whatever listens there, which is not this stack's API.
+            assert st.api is not None
+            st.api.wait(timeout=60)
             with pytest.raises(RuntimeError, match="the API exited"):
                 st.wait_ready(models=[], timeout=60)
             assert st.port == taken
