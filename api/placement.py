@@ -17,7 +17,8 @@ load (its jobs placed and not ended, `tokenq:pool:load`) and its workers' measur
     finish = first + (max_tokens - 1) / one stream's decode rate
 
 place.lua computes this and counts the job in the chosen pool in one atomic step, so a
-burst of concurrent submits sees itself; terminal.lua counts it out when it ends.
+burst of concurrent submits sees itself; terminal.lua counts it out when it ends. A
+replica's jobs reach their lane in the order they were placed (`in_order`).
 
 The job goes to the earliest finish, or to the pool the request pins (`backend`: a pool's
 name or its backend). With `ttft_budget_ms`, a pool whose `first` is later is no
@@ -34,6 +35,8 @@ from its workers' running jobs as last beaten and its lanes' waiting tickets
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import math
 from dataclasses import dataclass
@@ -182,6 +185,19 @@ async def place(state: AppState, model: str, cfg: ModelConfig, fields: dict[str,
     fields["backend"] = select_backend(cfg.pool(name))
     fields["placement"] = json.dumps(ests)
     return fields["pool"]
+
+
+def in_order(state: AppState, model: str,
+             cfg: ModelConfig | None) -> contextlib.AbstractAsyncContextManager[Any]:
+    """Held from a job's placement until its create: this replica's jobs of a model with
+    several pools reach their lane in the order they were placed. (Without it, a burst's
+    creates ran in whatever order the event loop resumed them, up to tens of ms apart, and
+    a job counted n places behind in its pool found itself ahead of some of those, or
+    behind some counted after it.)"""
+    if cfg is None or not cfg.pools:
+        return contextlib.nullcontext()
+    locks: dict[str, asyncio.Lock] = state.background.setdefault("place_locks", {})
+    return locks.setdefault(model, asyncio.Lock())
 
 
 def _place_script(state: AppState) -> Any:

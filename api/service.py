@@ -71,19 +71,20 @@ async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | No
     answered, the job id, its created_at). With an Idempotency-Key the store may answer
     with the key's earlier job (`Replayed`, `KeyReused`): the id returned is then that
     job's. `acked`: a client waits for this answer: durable acceptance (api/durable.py)."""
-    await place(state, p)
-    job = new_job(state, tenant, p, job_id=job_id, deadline=deadline, extra=extra)
     idem_key = None if idem is None else jobs.IdemKey(idem.redis_key, idem.body_sha,
                                                       state.settings.api.idempotency_ttl_s)
-    try:
-        created = await durable.create(state, job.job_id, job.fields, tenant=tenant,
-                                       queue=job.queue, message=job.message,
-                                       queue_limit=queue_limit, tenant_limit=tenant_limit,
-                                       now=job.now, idem=idem_key, durable=acked)
-    except BaseException:
-        if p.fields.get("pool"):  # not created (or not known to be): counted no longer
-            await asyncio.shield(placement.release(state, p.fields["pool"]))
-        raise
+    async with placement.in_order(state, p.model, state.models.get(p.model)):
+        await place(state, p)
+        job = new_job(state, tenant, p, job_id=job_id, deadline=deadline, extra=extra)
+        try:
+            created = await durable.create(state, job.job_id, job.fields, tenant=tenant,
+                                           queue=job.queue, message=job.message,
+                                           queue_limit=queue_limit, tenant_limit=tenant_limit,
+                                           now=job.now, idem=idem_key, durable=acked)
+        except BaseException:
+            if p.fields.get("pool"):  # not created (or not known to be): counted no longer
+                await asyncio.shield(placement.release(state, p.fields["pool"]))
+            raise
     if p.fields.get("pool") and not isinstance(created, jobs.Created):
         await placement.release(state, p.fields["pool"])
     if isinstance(created, jobs.Replayed | jobs.KeyReused):
