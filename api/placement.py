@@ -193,8 +193,10 @@ def in_order(state: AppState, model: str,
     several pools reach their lane in the order they were placed. (Without it, a burst's
     creates ran in whatever order the event loop resumed them, up to tens of ms apart, and
     a job counted n places behind in its pool found itself ahead of some of those, or
-    behind some counted after it.)"""
-    if cfg is None or not cfg.pools:
+    behind some counted after it.) Not with `api.placement_in_order` off, nor with
+    `api.durable_replicas`: its WAIT would hold every submit of the model behind it."""
+    api = state.settings.api
+    if cfg is None or not cfg.pools or not api.placement_in_order or api.durable_replicas:
         return contextlib.nullcontext()
     locks: dict[str, asyncio.Lock] = state.background.setdefault("place_locks", {})
     return locks.setdefault(model, asyncio.Lock())

@@ -53,3 +53,10 @@ def test_arrival_stop_prints_both_arms() -> None:
         assert re.search(rf"arrival stop {arm}: 1 arrivals beside 1 batch streams, submit -> "
                          rf"first token median \d+ ms \[\d+-\d+\], p90 \d+ ms; \d+ steps "
                          rf"stopped", out), out
+
+
+def test_placement_posts_prints_the_submit_rate_with_and_without_the_order() -> None:
+    for flag, on in (((), "True"), (("--no-order",), "False")):
+        out = run("benchmarks/placement_posts.py", "--posts", "40", "--runs", "1", *flag)
+        assert re.search(rf"placement_in_order={on}: median \d+ POST/s", out), out
+        assert "{202: 40}" in out, out

@@ -75,3 +75,27 @@ def test_a_burst_reaches_each_lane_in_the_order_it_was_placed(
             assert order == sorted(order), f"{pool}: lane order {order}"
             lanes += len(ids) > 1
     assert lanes == 2  # the burst spilled onto both pools
+
+
+def test_the_order_is_not_kept_when_turned_off_nor_with_durable_replicas() -> None:
+    """`api.placement_in_order` off: no lock. `api.durable_replicas`: no lock either (the
+    create's WAIT, up to durable_timeout_ms, would hold every submit of the model)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from tokenq.shared.model_config import ModelConfig
+    from tokenq.shared.settings_roles import ApiSettings
+
+    cfg = ModelConfig.model_validate({"backend": "fake", "pools": {"a": {}, "b": {}}})
+    one_pool = ModelConfig.model_validate({"backend": "fake"})
+
+    def held(cfg: ModelConfig, **api: Any) -> bool:
+        state = SimpleNamespace(settings=SimpleNamespace(api=ApiSettings(**api)),
+                                background={})
+        ctx = placement.in_order(state, DUO, cfg)  # type: ignore[arg-type]
+        return not isinstance(ctx, contextlib.nullcontext)
+
+    assert held(cfg)
+    assert not held(one_pool)
+    assert not held(cfg, placement_in_order=False)
+    assert not held(cfg, durable_replicas=1)
