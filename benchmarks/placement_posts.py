@@ -12,15 +12,12 @@ order kept (the default) or not (`--no-order`).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
-
+from tokenq.cli.bench.scale_load import post_jobs
 from tokenq.cli.stack import Stack
 from tokenq.shared.settings import Settings
 
@@ -29,19 +26,10 @@ POOLS = {"fast": {"n_parallel": 16, "fake_tokens_per_s": 100.0},
          "slow": {"n_parallel": 4, "fake_tokens_per_s": 10.0}}
 
 
-async def post_all(url: str, posts: int, concurrency: int) -> tuple[float, dict[int, int]]:
-    """(POSTs a second, status code -> count)."""
-    sem, codes = asyncio.Semaphore(concurrency), dict[int, int]()
-    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
-        async def one() -> None:
-            async with sem:
-                r = await c.post("/v1/jobs", json={"model": MODEL, "prompt": "go",
-                                                   "max_tokens": 4})
-                codes[r.status_code] = codes.get(r.status_code, 0) + 1
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*[one() for _ in range(posts)])
-        return posts / (time.perf_counter() - t0), codes
+def post_all(url: str, posts: int, concurrency: int) -> tuple[float, dict[int | str, int]]:
+    """(POSTs a second, status code -> count), with `tokenq bench scale`'s sender."""
+    _, codes, wall = post_jobs(url, "placement-posts", MODEL, posts, concurrency, max_tokens=4)
+    return posts / wall, {int(c) if c.isdigit() else c: n for c, n in codes.items()}
 
 
 def main() -> None:
@@ -64,7 +52,7 @@ def main() -> None:
         st.wait_ready(timeout=180, models=[MODEL])
         rates = []
         for i in range(args.runs):
-            rate, codes = asyncio.run(post_all(st.url, args.posts, args.concurrency))
+            rate, codes = post_all(st.url, args.posts, args.concurrency)
             rates.append(rate)
             print(f"run {i + 1}: {rate:.0f} POST/s {codes}", flush=True)
         print(f"placement_in_order={not args.no_order}: median {statistics.median(rates):.0f} "
