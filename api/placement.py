@@ -48,7 +48,7 @@ from tokenq.shared import keys
 from tokenq.shared.estimates import PRIOR, combined_pace, mean_pace, own_times
 from tokenq.shared.lua_scripts import Scripts
 from tokenq.shared.model_config import ModelConfig, pool_id
-from tokenq.shared.schemas import Pace
+from tokenq.shared.schemas import Pace, WorkerHeartbeat
 from tokenq.shared.weights import select_backend
 
 
@@ -141,17 +141,19 @@ async def check_budget(state: AppState, model: str, cfg: ModelConfig, priority: 
 
 async def place(state: AppState, model: str, cfg: ModelConfig, fields: dict[str, str], *,
                 priority: str, n_prompt: int, max_tokens: int, pin: str | None,
-                budget_ms: int | None) -> str:
+                budget_ms: int | None, beats: list[WorkerHeartbeat] | None = None) -> str:
     """Choose the job's pool and count the job there (place.lua: one atomic step, so a
     burst sees its own jobs); its record's `pool`, `backend` and `placement` fields are
     set. Returns the pool's id (its queues' name). A create that then does not happen
-    gives the count back (`release`)."""
+    gives the count back (`release`). `beats`: the live workers' heartbeats, when the
+    caller read them already (before `in_order`'s lock: a read less inside it)."""
     if not cfg.pools:
         if budget_ms is not None:
             await check_budget(state, model, cfg, priority, n_prompt, max_tokens, budget_ms)
         return model
     names = list(cfg.pools)
-    beats = list((await state.live_workers()).values())
+    if beats is None:
+        beats = list((await state.live_workers()).values())
     mine = {n: [b for b in beats if b.pool == pool_id(model, n)] for n in names}
     known = mean_pace([p for n in names if (p := combined_pace(mine[n]))]) or PRIOR
     args: list[str | int | float] = [budget_ms or 0]
@@ -187,6 +189,9 @@ async def place(state: AppState, model: str, cfg: ModelConfig, fields: dict[str,
     return fields["pool"]
 
 
+UNORDERED: contextlib.AbstractAsyncContextManager[Any] = contextlib.nullcontext()
+
+
 def in_order(state: AppState, model: str,
              cfg: ModelConfig | None) -> contextlib.AbstractAsyncContextManager[Any]:
     """Held from a job's placement until its create: this replica's jobs of a model with
@@ -197,7 +202,7 @@ def in_order(state: AppState, model: str,
     `api.durable_replicas`: its WAIT would hold every submit of the model behind it."""
     api = state.settings.api
     if cfg is None or not cfg.pools or not api.placement_in_order or api.durable_replicas:
-        return contextlib.nullcontext()
+        return UNORDERED
     locks: dict[str, asyncio.Lock] = state.background.setdefault("place_locks", {})
     return locks.setdefault(model, asyncio.Lock())
 

@@ -28,6 +28,7 @@ from tokenq.shared.schemas import (
     JobAccepted,
     JobRecord,
     JobRequest,
+    WorkerHeartbeat,
 )
 
 log = logging.getLogger("tokenq.jobs")
@@ -48,14 +49,15 @@ def new_job(state: AppState, tenant: str, p: Prepared, *, job_id: str | None = N
     return jobs.NewJob(job_id, fields, tenant, queue, ticket_message(state.celery, queue), now)
 
 
-async def place(state: AppState, p: Prepared) -> None:
+async def place(state: AppState, p: Prepared,
+                beats: list[WorkerHeartbeat] | None = None) -> None:
     """Choose the pool a prepared job waits in (a model served by several; a first-token
     budget): api/placement.py. Its create must follow, or `placement.release`."""
     cfg = state.models.get(p.model)
     if cfg is not None and p.fields.get("model"):
         p.pool = await placement.place(
             state, p.model, cfg, p.fields, priority=p.priority, n_prompt=p.n_prompt,
-            max_tokens=p.max_tokens, pin=p.pin, budget_ms=p.budget_ms)
+            max_tokens=p.max_tokens, pin=p.pin, budget_ms=p.budget_ms, beats=beats)
 
 
 def weight_of(state: AppState, tenant: str) -> float:
@@ -73,8 +75,13 @@ async def enqueue(state: AppState, tenant: str, p: Prepared, *, job_id: str | No
     job's. `acked`: a client waits for this answer: durable acceptance (api/durable.py)."""
     idem_key = None if idem is None else jobs.IdemKey(idem.redis_key, idem.body_sha,
                                                       state.settings.api.idempotency_ttl_s)
-    async with placement.in_order(state, p.model, state.models.get(p.model)):
-        await place(state, p)
+    cfg = state.models.get(p.model)
+    ordered = placement.in_order(state, p.model, cfg)
+    # the heartbeats read before the lock: its holder makes only the two script calls
+    beats = None if ordered is placement.UNORDERED else list(
+        (await state.live_workers()).values())
+    async with ordered:
+        await place(state, p, beats)
         job = new_job(state, tenant, p, job_id=job_id, deadline=deadline, extra=extra)
         try:
             created = await durable.create(state, job.job_id, job.fields, tenant=tenant,
