@@ -58,7 +58,7 @@ class ApiSettings(BaseModel):
     durable_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
     # A model with several pools: a replica's jobs reach their lane in the order they were
     # placed (api/placement.py in_order: one placement and create at a time per model and
-    # replica; ~20% fewer POST/s for such models, docs/scheduling.md "Order"). Off: faster
+    # replica; ~45% fewer POST/s for such models, docs/scheduling.md "Order"). Off: faster
     # submits, and a burst's jobs may run in another order than placement counted. Never
     # held with durable_replicas (a WAIT inside it would hold every submit up to its timeout).
     placement_in_order: bool = True
