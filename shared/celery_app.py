@@ -128,6 +128,13 @@ def ticket_message(app: Celery, queue: str) -> str:
     return _message(app, ("", queue), queue)
 
 
+def ticket_mark(queue: str) -> str:
+    """What every ticket of `queue` holds and no other message does: its `argsrepr` header,
+    as _message writes it (a message naming a job has the job's id there). A direct take
+    (shared/lua/pick.lua) looks for it."""
+    return dumps(repr(("", queue)))
+
+
 def _message(app: Celery, args: tuple[str, ...], queue: str) -> str:
     task_id = str(uuid.uuid4())
     msg: Any = app.amqp.as_task_v2(

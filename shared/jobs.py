@@ -192,7 +192,7 @@ class Picked:
 @dataclass(frozen=True, slots=True)
 class NoJob:
     """A ticket that found no job: 'empty' (none waits) or 'stale' (only ids of jobs no
-    longer queued, skipped)."""
+    longer queued, skipped); a direct take: 'no_ticket' (none at the queue's end)."""
 
     reason: str
 
@@ -284,7 +284,7 @@ def _acquired(got: list[Any]) -> AcquireResult:
 
 
 def _picked(got: list[Any]) -> PickResult:
-    if got[0] in ("empty", "stale"):
+    if got[0] in ("empty", "stale", "no_ticket"):
         return NoJob(got[0])
     return Picked(got[1], _acquired([got[0], *got[2:]]))
 
@@ -336,11 +336,14 @@ def create(job_id: str, fields: dict[str, str], *, tenant: str, queue: str, mess
 
 
 def pick(queue: str, *, worker: str, lease_ms: int, max_attempts: int, now: float,
-         maxlen: int, ttl: int, fair: FairShare) -> Call[PickResult]:
+         maxlen: int, ttl: int, fair: FairShare, ticket_mark: str = "",
+         above: Sequence[str] = ()) -> Call[PickResult]:
+    """`ticket_mark`: a direct take (the ticket at the queue's end too, none while the
+    queues `above` hold messages)."""
     lane = keys.lane(queue)
-    return Call("pick", [keys.lane_tenants(lane), keys.RUNNING],
-                [lane, worker, lease_ms, max_attempts, repr(now), maxlen, ttl, *fair.args()],
-                _picked)
+    return Call("pick", [keys.lane_tenants(lane), keys.RUNNING, queue, *above],
+                [lane, worker, lease_ms, max_attempts, repr(now), maxlen, ttl, *fair.args(),
+                 ticket_mark], _picked)
 
 
 def reject(job_id: str, fields: dict[str, str], *, tenant: str, error: JobErrorInfo,

@@ -15,6 +15,7 @@ import redis
 import redis.asyncio as aioredis
 
 from tokenq.shared import jobs, keys, moves, preemption
+from tokenq.shared.celery_app import ticket_mark
 from tokenq.shared.jobs import (
     AcquireResult,
     AppendResult,
@@ -108,14 +109,20 @@ class JobStore:
                                       max_attempts=s.worker.max_attempts, now=time.time(),
                                       maxlen=s.stream_maxlen, ttl=s.result_ttl_s))
 
-    def pick(self, queue: str, worker: str) -> PickResult:
-        """A ticket of `queue` delivered: take the lane's next job (fair share) and lease it."""
+    def pick(self, queue: str, worker: str, *, direct: bool = False,
+             above: Sequence[str] = ()) -> PickResult:
+        """A ticket of `queue` delivered: take the lane's next job (fair share) and lease it.
+        `direct`: no ticket was delivered; take the one at the queue's consuming end too
+        (NoJob('no_ticket') when a message naming a job is there instead, or the queues
+        `above`, higher lanes, hold any)."""
         s = self.s
         return self._run(jobs.pick(queue, worker=worker,
                                    lease_ms=int(s.worker.lease_ttl_s * 1000),
                                    max_attempts=s.worker.max_attempts, now=time.time(),
                                    maxlen=s.stream_maxlen, ttl=s.result_ttl_s,
-                                   fair=fair_share(s)))
+                                   fair=fair_share(s),
+                                   ticket_mark=ticket_mark(queue) if direct else "",
+                                   above=above if direct else ()))
 
     def finish(self, end: Ending) -> bool:
         """True if this ended the job."""

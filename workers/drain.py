@@ -36,10 +36,12 @@ class Drainer:
     engine: Engine
     model: str
     worker_id: str
+    draining: bool = False  # a slot thread takes no job of its own then (workers/tasks.py)
 
     def drain(self) -> None:
         """SIGTERM: Celery stops consuming at once; running jobs get `drain_grace_s` to
         finish, then are handed back and continued by another worker from their tokens."""
+        self.draining = True
         def hand_back_later() -> None:
             deadline = time.monotonic() + self.settings.worker.drain_grace_s
             while self.publisher.tracked() and time.monotonic() < deadline:

@@ -29,7 +29,9 @@ Between tenants of one lane (fair share on, `preempt_fair`): when nothing waits 
 higher lane, a running job of the lane also makes room for the lane's next tenant when its
 own tenant holds more of the lane's slots per weight or was served far more
 (shared/lua/fair_victims.lua). It goes back into its tenant's list rather than first of
-its lane, so the freed slot's take goes to the waiting tenant (docs/scheduling.md).
+its lane, so the freed slot's take goes to the waiting tenant (docs/scheduling.md); that
+take is made by the victim's own slot thread (`preempt_take`: workers/tasks.run_job),
+not by a message Celery fetches for it.
 
 A llama.cpp worker keeps the preempted job's KV cells in host memory
 (workers/engines/llamacpp_ramcache.py) when the waiting job takes its slot: resumed on
@@ -301,8 +303,11 @@ class Preemptor:
         dropped: the next attempt generates it again), then put it back on its queue
         (`fair`: into its tenant's list, behind the lane's ticket)."""
         hold = getattr(self.engine, "hold", None)
-        for handle, _, _ in victims:
+        take = self.settings.worker.preempt_take
+        for handle, priority, fair in victims:
             handle.released = True  # the heartbeat stops renewing its lease
+            if fair and take:  # its thread takes the lane's next job (workers/tasks.py)
+                handle.take_next = priority
             handle.outcome = "preempted"  # what its task thread returns
             self.publisher.drop(handle.job_id, handle.attempt)
             self.engine.cancel(handle.job_id)

@@ -67,6 +67,9 @@ class JobHandle:
     # attempt): what the preemptor weighs each look without reading the record again.
     priority: str = "normal"
     preemptions: int = 0
+    # Preempted for the next job of this lane: its task thread takes that job itself
+    # (workers/tasks.py), set with outcome "preempted".
+    take_next: str = ""
     # This attempt's token writes, by index - resumed, and the entry id the stream gave each
     # ("" until known): what a failover lost is re-sent from here.
     sent: list[TokenWrite] = field(default_factory=list)

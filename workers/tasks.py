@@ -22,7 +22,7 @@ from celery import Task
 from celery.exceptions import Reject
 
 from tokenq.shared import keys, logs, tracing
-from tokenq.shared.jobs import Acquired, AcquireResult, Ending, NoJob, dumps
+from tokenq.shared.jobs import Acquired, AcquireResult, Ending, NoJob, Picked, dumps
 from tokenq.shared.schemas import EVENT_CANCELLED, SamplingParams
 from tokenq.workers.engines.base import EngineRequest
 from tokenq.workers.publisher import JobHandle
@@ -68,7 +68,45 @@ def _engine_alive(rt: WorkerRuntime) -> None:
 def run_job(rt: WorkerRuntime, job_id: str,
             taken: tuple[AcquireResult, float, float] | None = None) -> str:
     """acquire -> submit -> wait -> end; the outcome (or why the job was not run). Every
-    log line of the job carries its id, tenant, model and worker (JSON logs)."""
+    log line of the job carries its id, tenant, model and worker (JSON logs).
+    A job preempted for a tenant of its lane is followed in this thread by the lane's next
+    job (`preempt_take`): the thread takes the ticket at the queue's end itself, as if
+    Celery had delivered it, and the waiting job skips Celery's hand-off (ack, fetch,
+    dispatch). Bounded in time: Celery restores a message unacked for visibility_timeout_s."""
+    began = time.monotonic()
+    outcome, then = _run_bound(rt, job_id, taken)
+    while then and time.monotonic() - began < rt.settings.visibility_timeout_s / 4:
+        got = take_direct(rt, then, job_id)
+        if got is None:
+            break
+        job_id = got[0].job_id
+        outcome, then = _run_bound(rt, job_id, (got[0].result, got[1], got[2]))
+    return outcome
+
+
+def take_direct(rt: WorkerRuntime, lane: str, left: str) -> tuple[Picked, float, float] | None:
+    """The next job of the pool's `lane` into the slot job `left` gave up (NoJob: leave it
+    to Celery, as while a higher lane has work; a worker draining or with a dead engine
+    takes none)."""
+    if rt.drainer.draining or rt.engine_dead.is_set() or not rt.engine.healthy():
+        return None
+    higher = keys.PRIORITIES[:keys.PRIORITIES.index(lane)]
+    start = time.time()
+    try:
+        picked = rt.store.pick(keys.queue(rt.pool, lane), rt.worker_id, direct=True,
+                               above=[keys.queue(rt.pool, p) for p in higher])
+    except redis.RedisError:
+        return None
+    if isinstance(picked, NoJob):
+        return None
+    log.info("job %s: taken into the slot job %s left", picked.job_id, left)
+    return picked, start, time.time()
+
+
+def _run_bound(rt: WorkerRuntime, job_id: str,
+               taken: tuple[AcquireResult, float, float] | None) -> tuple[str, str]:
+    """The job's run with its context on every log line; its outcome, and the lane whose
+    next job this thread takes now (preempted for it), if any."""
     tenant: str | None = None
     if logs.json_wanted():
         try:
@@ -80,7 +118,7 @@ def run_job(rt: WorkerRuntime, job_id: str,
 
 
 def _run_job(rt: WorkerRuntime, job_id: str,
-             taken: tuple[AcquireResult, float, float] | None) -> str:
+             taken: tuple[AcquireResult, float, float] | None) -> tuple[str, str]:
     """`taken`: a ticket's pick already leased it (what it answered, when it ran)."""
     if taken is None:
         _engine_alive(rt)
@@ -91,14 +129,14 @@ def _run_job(rt: WorkerRuntime, job_id: str,
         got, acquire_start, acquire_end = taken
     if not isinstance(got, Acquired):
         log.info("job %s: not run (%s)", job_id, got.reason)
-        return str(got.reason)
+        return str(got.reason), ""
     log.info("job %s: attempt %d started", job_id, got.attempt,
              extra={"attempt": got.attempt})
     started = time.time()
     if got.cancel_requested:  # cancelled while its message was on the way
         rt.store.finish(Ending(job_id, got.attempt, "cancelled",
                                {"finished_at": repr(time.time())}, EVENT_CANCELLED, dumps({})))
-        return "cancelled"
+        return "cancelled", ""
     handle = submit(rt, job_id, got)
     rt.cancels.watch(job_id, got.attempt)
     try:
@@ -108,7 +146,7 @@ def _run_job(rt: WorkerRuntime, job_id: str,
             trace(rt, job_id, got.attempt, (acquire_start, acquire_end), handle)
         except redis.RedisError:
             log.warning("job %s: metrics skipped (Redis unavailable)", job_id)
-        return outcome
+        return outcome, handle.take_next if outcome == "preempted" else ""
     finally:
         rt.cancels.unwatch(job_id, got.attempt)
         rt.publisher.untrack(job_id, got.attempt)

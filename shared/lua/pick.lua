@@ -9,17 +9,32 @@
 -- cancel_requested}; {reason, job id} when the job was not run (acquire.lua's reasons);
 -- {'empty'} (no job waits: the ticket's job was cancelled, or taken by an earlier ticket)
 -- or {'stale'} (only skipped ids this step; the tickets of those jobs remain).
+-- A direct take (`queue_key` and `mark` given: a preempted job's slot thread taking the job
+-- it was freed for, workers/tasks.py): the ticket at the queue's consuming end is taken off
+-- here, as if Celery had delivered it to this thread (`mark` is in every ticket of the
+-- lane and in no message that names a job); {'no_ticket'} and nothing changed when that
+-- end holds no ticket, or a higher lane's queue (KEYS[4..]) holds a message: Celery
+-- consumes those first.
 --#include terminal
 --#include leasing
 --#include fair
 --#include eta
-local tenants_key, running_key = KEYS[1], KEYS[2]
+local tenants_key, running_key, queue_key = KEYS[1], KEYS[2], KEYS[3]
 local lane, worker, lease_ms, max_attempts = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local now, maxlen, default_ttl = ARGV[5], ARGV[6], ARGV[7]
-local half_s, fifo = tonumber(ARGV[8]), ARGV[9]
+local half_s, fifo, mark = tonumber(ARGV[8]), ARGV[9], ARGV[10]
 
 local MAX_SKIP = 64
 local t_now = tonumber(now)
+
+if queue_key and mark and mark ~= '' then
+  for i = 4, #KEYS do
+    if redis.call('LLEN', KEYS[i]) > 0 then return {'no_ticket'} end
+  end
+  local tail = redis.call('LINDEX', queue_key, -1)
+  if not tail or not string.find(tail, mark, 1, true) then return {'no_ticket'} end
+  redis.call('RPOP', queue_key)
+end
 
 for _ = 1, MAX_SKIP do
   local tenant = redis.call('ZRANGE', tenants_key, 0, 0)[1]

@@ -9,9 +9,11 @@ import time
 import pytest
 import redis
 
-from tests.unit.test_fair_share import TICKET, Q, owner, store, submit, take
+from tests.unit.test_fair_share import SPEC, TICKET, Q, owner, store, submit, take
+from tests.unit.test_move import CELERY
 from tokenq.shared import keys
-from tokenq.shared.jobs import Ending
+from tokenq.shared.celery_app import task_message, ticket_message
+from tokenq.shared.jobs import Ending, NoJob, Picked
 from tokenq.shared.store import JobStore
 
 LANE = keys.lane(Q)
@@ -148,3 +150,43 @@ def test_several_waiting_tenants_get_their_slots_freed_at_once(r: redis.Redis) -
     assert s.fair_victims(Q, running(r, slots), 1000) == ("ok", "a-3")
     assert s.fair_victims(Q, running(r, slots[:3]), 1000) == ("ok", "a-2")  # for the other
     assert s.fair_victims(Q, running(r, slots[:2]), 1000) == ("claimed", None)  # no third
+
+
+def test_a_direct_take_takes_the_ticket_at_the_queue_end_with_the_lanes_next_job(
+        r: redis.Redis) -> None:
+    """A preempted job's slot thread takes the job it was freed for (workers/tasks.py): the
+    ticket at the consuming end goes with the take, so the queue still holds one message
+    per queued job; a message naming a job there is left for Celery."""
+    s = store(r)
+    for tenant, n in (("a", 3), ("b", 1)):
+        for i in range(n):
+            job_id = f"{tenant}-{i}"
+            s.create(job_id, {"id": job_id, "owner": tenant, "model": "m", "state": "queued",
+                              "attempts": "0", "created_at": repr(time.time()), "spec": SPEC,
+                              "request": "{}", "est_tokens": "100", "prompt_tokens": "5"},
+                     tenant=tenant, queue=Q, message=ticket_message(CELERY, Q))
+    r.rpop(Q)  # as Celery delivers a ticket
+    assert take(s, 1) == ["a-0"]
+    assert r.llen(Q) == 3
+    got = s.pick(Q, "w", direct=True)
+    assert isinstance(got, Picked) and got.job_id == "b-0"  # the least served, not a's next
+    assert r.llen(Q) == 2 and r.zscore(keys.lane_tenants(LANE), "a") is not None
+    # A message naming a job at the consuming end (a job preempted for a higher lane):
+    # nothing is taken, that message stays for Celery.
+    bound = task_message(CELERY, "a-1", Q)
+    r.rpush(Q, bound)
+    assert s.pick(Q, "w", direct=True) == NoJob("no_ticket")
+    assert r.lindex(Q, -1) == bound and r.llen(Q) == 3
+    assert r.hget(keys.job("a-1"), "state") == "queued"
+    # A ticket of another lane is not this lane's.
+    r.rpop(Q)
+    r.rpush(Q, ticket_message(CELERY, keys.queue("m", "low")))
+    assert s.pick(Q, "w", direct=True) == NoJob("no_ticket")
+    r.rpop(Q)
+    # Nor is one taken while a higher lane has work (Celery consumes that first).
+    high = keys.queue("m", "high")
+    r.lpush(high, ticket_message(CELERY, high))
+    assert s.pick(Q, "w", direct=True, above=[high]) == NoJob("no_ticket")
+    r.delete(high)
+    got = s.pick(Q, "w", direct=True, above=[high])
+    assert isinstance(got, Picked) and got.job_id == "a-1" and r.llen(Q) == 1
