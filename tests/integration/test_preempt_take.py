@@ -1,7 +1,7 @@
 """A job preempted for a tenant of its lane: its slot thread takes the job it was freed for
-itself (workers/tasks.run_job, `worker.preempt_take`). The worker's runtime runs in-process
-on the fake engine and the tests' Redis db; no Celery consumer runs, so a waiting job can
-start only by that take."""
+itself (workers/tasks.run_job, `worker.preempt_take`). The worker's runtime runs in-process,
+on the fake engine and on llama.cpp (SmolLM2, 2 slots), with the tests' Redis db; no Celery
+consumer runs, so a waiting job can start only by that take."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
+from tests.conftest import SMOL
 from tokenq.shared import keys
 from tokenq.shared.celery_app import ticket_message
 from tokenq.shared.redis_server import EmbeddedRedis
@@ -22,18 +24,22 @@ from tokenq.workers.main import build_engine
 from tokenq.workers.runtime import WorkerRuntime
 from tokenq.workers.tasks import run_ticket
 
-MODEL = "fk"
-Q = keys.queue(MODEL, "normal")
+FAKE = "fk"
+# SmolLM2's special tokens: a heavy job never ends by itself (a slot freed without a
+# preemption would leave the light job waiting for a Celery consumer this test lacks)
+NO_END = {0: -100.0, 1: -100.0, 2: -100.0}
 
 
 def create(rt: WorkerRuntime, job_id: str, tenant: str, max_tokens: int) -> None:
-    spec = JobSpec(prompt="hi", params=SamplingParams(
-        max_tokens=max_tokens, temperature=0, top_p=1, top_k=0, repetition_penalty=1))
-    rt.store.create(job_id, {"id": job_id, "owner": tenant, "model": MODEL, "state": "queued",
+    spec = JobSpec(prompt="Count from one to one thousand:", params=SamplingParams(
+        max_tokens=max_tokens, temperature=0, top_p=1, top_k=0, repetition_penalty=1,
+        logit_bias=NO_END if rt.model == SMOL else {}))
+    model, queue = rt.model, keys.queue(rt.model, "normal")
+    rt.store.create(job_id, {"id": job_id, "owner": tenant, "model": model, "state": "queued",
                              "attempts": "0", "created_at": repr(time.time()),
                              "spec": spec.model_dump_json(), "request": "{}",
                              "est_tokens": str(max_tokens + 1), "prompt_tokens": "1"},
-                    tenant=tenant, queue=Q, message=ticket_message(rt.celery, Q))
+                    tenant=tenant, queue=queue, message=ticket_message(rt.celery, queue))
 
 
 def wait_for(cond: object, timeout: float = 30.0) -> None:
@@ -43,34 +49,47 @@ def wait_for(cond: object, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def test_the_preempted_jobs_thread_runs_the_waiting_tenants_job(
-        redis_server: EmbeddedRedis, r: redis.Redis, tmp_path: Path) -> None:
-    models = tmp_path / "models.json"
-    models.write_text(json.dumps({MODEL: {"backend": "fake", "n_parallel": 2,
-                                          "fake_tokens_per_s": 20.0, "n_ctx": 4096}}))
+def runtime(redis_server: EmbeddedRedis, tmp_path: Path, state_dir: Path,
+            model: str) -> WorkerRuntime:
+    """A worker of 2 slots for `model`: the fake engine (20 tok/s a job) or SmolLM2."""
+    models = None
+    if model == FAKE:
+        models = tmp_path / "models.json"
+        models.write_text(json.dumps({FAKE: {"backend": "fake", "n_parallel": 2,
+                                             "fake_tokens_per_s": 20.0, "n_ctx": 4096}}))
     settings = Settings(redis_url=redis_server.url.rsplit("/", 1)[0] + "/15",
-                        state_dir=tmp_path, models_file=models, served_models=[MODEL],
-                        fair_share=True, worker=WorkerSettings(metrics_port=None))
-    rt = WorkerRuntime(settings=settings, model=MODEL, cfg=settings.models()[MODEL],
-                       engine=build_engine(settings, MODEL),
-                       r=redis.Redis.from_url(settings.redis_url or "", decode_responses=True))
+                        state_dir=state_dir if model == SMOL else tmp_path,
+                        models_file=models, served_models=[model], fair_share=True,
+                        worker=WorkerSettings(metrics_port=None))
+    cfg = settings.models()[model].model_copy(update={"n_parallel": 2})
+    return WorkerRuntime(settings=settings, model=model, cfg=cfg,
+                         engine=build_engine(settings, model, cfg),
+                         r=redis.Redis.from_url(settings.redis_url or "", decode_responses=True))
+
+
+@pytest.mark.parametrize("model", [FAKE, SMOL])
+def test_the_preempted_jobs_thread_runs_the_waiting_tenants_job(
+        redis_server: EmbeddedRedis, r: redis.Redis, tmp_path: Path, state_dir: Path,
+        model: str) -> None:
+    rt = runtime(redis_server, tmp_path, state_dir, model)
+    q = keys.queue(model, "normal")
     rt.start()
     results: dict[str, str] = {}
     threads = []
     try:
         for i in range(3):
-            create(rt, f"heavy-{i}", "heavy", 400)  # 20 s each
+            create(rt, f"heavy-{i}", "heavy", 400)  # 20 s each (fake), ~10 s (SmolLM2)
         for slot in ("t0", "t1"):  # Celery delivers two tickets, one per slot thread
-            assert r.rpop(Q)
+            assert r.rpop(q)
 
             def run(slot: str = slot) -> None:
-                results[slot] = run_ticket(rt, Q)
+                results[slot] = run_ticket(rt, q)
 
             threads.append(threading.Thread(target=run, daemon=True))
             threads[-1].start()
         wait_for(lambda: len([h for h in rt.publisher.tracked() if h.first_token_at]) == 2)
         create(rt, "light-0", "light", 4)  # every slot is the heavy tenant's
-        wait_for(lambda: r.hget(keys.job("light-0"), "state") == "succeeded")
+        wait_for(lambda: r.hget(keys.job("light-0"), "state") == "succeeded", 60)
         rec = r.hgetall(keys.job("light-0"))
         assert rec["worker"] == rt.worker_id
         victims = [j for j in ("heavy-0", "heavy-1")
@@ -79,7 +98,7 @@ def test_the_preempted_jobs_thread_runs_the_waiting_tenants_job(
         # One message per queued job still: the take took the ticket it used.
         queued = [j for j in ("heavy-0", "heavy-1", "heavy-2")
                   if r.hget(keys.job(j), "state") == "queued"]
-        assert r.llen(Q) == len(queued) == 2
+        assert r.llen(q) == len(queued) == 2
         wait_for(lambda: "succeeded" in results.values())  # the victim's thread ran it
     finally:
         for i in range(3):
