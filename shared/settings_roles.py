@@ -181,8 +181,8 @@ class WorkerSettings(BaseModel):
     preempt_fair: bool = True
     # The slot thread of a job preempted for a tenant of its lane takes the lane's next job
     # itself (the ticket at the queue's consuming end, as if Celery had delivered it)
-    # instead of going back to Celery for a message: the waiting job starts a Celery
-    # hand-off sooner (docs/scheduling.md, "Fair share").
+    # instead of going back to Celery for a message: the waiting job skips Celery's
+    # hand-off, its ack, fetch and dispatch (docs/scheduling.md, "Fair share").
     preempt_take: bool = True
     # Moves between pools (a model served by several: workers/rebalance.py): a worker with
     # a free slot and nothing waiting in its own lanes looks every move_every_s at the

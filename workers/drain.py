@@ -42,6 +42,7 @@ class Drainer:
         """SIGTERM: Celery stops consuming at once; running jobs get `drain_grace_s` to
         finish, then are handed back and continued by another worker from their tokens."""
         self.draining = True
+
         def hand_back_later() -> None:
             deadline = time.monotonic() + self.settings.worker.drain_grace_s
             while self.publisher.tracked() and time.monotonic() < deadline:
