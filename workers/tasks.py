@@ -22,7 +22,7 @@ from celery import Task
 from celery.exceptions import Reject
 
 from tokenq.shared import keys, logs, tracing
-from tokenq.shared.jobs import Acquired, AcquireResult, Ending, NoJob, Picked, dumps
+from tokenq.shared.jobs import Acquired, AcquireResult, Ending, NoJob, dumps
 from tokenq.shared.schemas import EVENT_CANCELLED, SamplingParams
 from tokenq.workers.engines.base import EngineRequest
 from tokenq.workers.publisher import JobHandle
@@ -79,12 +79,13 @@ def run_job(rt: WorkerRuntime, job_id: str,
         got = take_direct(rt, then, job_id)
         if got is None:
             break
-        job_id = got[0].job_id
-        outcome, then = _run_bound(rt, job_id, (got[0].result, got[1], got[2]))
+        job_id, taken = got
+        outcome, then = _run_bound(rt, job_id, taken)
     return outcome
 
 
-def take_direct(rt: WorkerRuntime, lane: str, left: str) -> tuple[Picked, float, float] | None:
+def take_direct(rt: WorkerRuntime, lane: str,
+                left: str) -> tuple[str, tuple[AcquireResult, float, float]] | None:
     """The next job of the pool's `lane` into the slot job `left` gave up (NoJob: leave it
     to Celery, as while a higher lane has work; a worker draining or with a dead engine
     takes none)."""
@@ -100,7 +101,7 @@ def take_direct(rt: WorkerRuntime, lane: str, left: str) -> tuple[Picked, float,
     if isinstance(picked, NoJob):
         return None
     log.info("job %s: taken into the slot job %s left", picked.job_id, left)
-    return picked, start, time.time()
+    return picked.job_id, (picked.result, start, time.time())
 
 
 def _run_bound(rt: WorkerRuntime, job_id: str,

@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from tests.conftest import SMOL
+from tests.faults.sentinel_deploy import wait_for
 from tokenq.shared import keys
 from tokenq.shared.celery_app import ticket_message
 from tokenq.shared.redis_server import EmbeddedRedis
@@ -40,13 +41,6 @@ def create(rt: WorkerRuntime, job_id: str, tenant: str, max_tokens: int) -> None
                              "spec": spec.model_dump_json(), "request": "{}",
                              "est_tokens": str(max_tokens + 1), "prompt_tokens": "1"},
                     tenant=tenant, queue=queue, message=ticket_message(rt.celery, queue))
-
-
-def wait_for(cond: object, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def runtime(redis_server: EmbeddedRedis, tmp_path: Path, state_dir: Path,
@@ -87,9 +81,11 @@ def test_the_preempted_jobs_thread_runs_the_waiting_tenants_job(
 
             threads.append(threading.Thread(target=run, daemon=True))
             threads[-1].start()
-        wait_for(lambda: len([h for h in rt.publisher.tracked() if h.first_token_at]) == 2)
+        wait_for("both slots streaming",
+                 lambda: len([h for h in rt.publisher.tracked() if h.first_token_at]) == 2)
         create(rt, "light-0", "light", 4)  # every slot is the heavy tenant's
-        wait_for(lambda: r.hget(keys.job("light-0"), "state") == "succeeded", 60)
+        wait_for("the light job done",
+                 lambda: r.hget(keys.job("light-0"), "state") == "succeeded", 60)
         rec = r.hgetall(keys.job("light-0"))
         assert rec["worker"] == rt.worker_id
         victims = [j for j in ("heavy-0", "heavy-1")
@@ -99,7 +95,8 @@ def test_the_preempted_jobs_thread_runs_the_waiting_tenants_job(
         queued = [j for j in ("heavy-0", "heavy-1", "heavy-2")
                   if r.hget(keys.job(j), "state") == "queued"]
         assert r.llen(q) == len(queued) == 2
-        wait_for(lambda: "succeeded" in results.values())  # the victim's thread ran it
+        wait_for("the victim's thread done",  # it ran the light job
+                 lambda: "succeeded" in results.values())
     finally:
         for i in range(3):
             rt.store.cancel(f"heavy-{i}")
