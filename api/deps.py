@@ -62,7 +62,9 @@ class AppState:
         return live_workers(raw, self.settings.worker_ttl_s)
 
 
-def get_state(request: Request) -> AppState:
+# The dependencies are `async def` although none awaits: FastAPI runs a plain `def`
+# dependency on a worker thread, a hop per dependency per request.
+async def get_state(request: Request) -> AppState:
     state: AppState = request.app.state.tokenq
     return state
 
@@ -70,7 +72,7 @@ def get_state(request: Request) -> AppState:
 StateDep = Annotated[AppState, Depends(get_state)]
 
 
-def get_principal(request: Request) -> Principal:
+async def get_principal(request: Request) -> Principal:
     """Who is calling, as api/auth.KeyAuth resolved it for this request."""
     principal = getattr(request.state, "principal", None)
     if not isinstance(principal, Principal):
@@ -81,7 +83,7 @@ def get_principal(request: Request) -> Principal:
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
-def get_tenant(principal: PrincipalDep) -> str:
+async def get_tenant(principal: PrincipalDep) -> str:
     """The caller's tenant: from the Bearer key when keys are configured, else `default`."""
     return principal.tenant
 
@@ -89,7 +91,7 @@ def get_tenant(principal: PrincipalDep) -> str:
 TenantDep = Annotated[str, Depends(get_tenant)]
 
 
-def require_admin(principal: PrincipalDep) -> Principal:
+async def require_admin(principal: PrincipalDep) -> Principal:
     """Admin routes (drain, adapters, workers): a key with the `admin` role."""
     if not principal.admin:
         raise Forbidden("this route needs an admin API key")
@@ -99,7 +101,7 @@ def require_admin(principal: PrincipalDep) -> Principal:
 AdminDep = Annotated[Principal, Depends(require_admin)]
 
 
-def require_metrics(principal: PrincipalDep) -> Principal:
+async def require_metrics(principal: PrincipalDep) -> Principal:
     """Prometheus' service discovery (workers' addresses): an admin or `metrics` key."""
     if not principal.metrics:
         raise Forbidden("this route needs an admin or metrics API key")
