@@ -164,7 +164,8 @@ def paired(
     model = model or settings.default_model
     res = paired_ttft(settings, model, pairs, prompt_words)
     typer.echo(json.dumps(res) if json_out else
-               f"{model}, {pairs} pairs at c=1: TTFT p50 in-process "
+               f"{model}, {res['pairs']} pairs at c=1 ({res['skipped']} skipped: no first "
+               f"token): TTFT p50 in-process "
                f"{res['inprocess_ttft_p50_ms']:.0f} ms, tokenq "
                f"{res['tokenq_ttft_p50_ms']:.0f} ms; added by the queue path: p50 "
                f"{res['added_p50_ms']:+.1f} ms, mean {res['added_mean_ms']:+.1f} ms")

@@ -92,7 +92,9 @@ def _params(cfg: ModelConfig, i: int, max_tokens: int) -> SamplingParams:
 def paired_ttft(settings: Settings, model: str, pairs: int, prompt_words: int,
                 max_tokens: int = 16) -> dict[str, Any]:
     """TTFT of `pairs` jobs run one at a time in-process and as many through the embedded
-    stack (native POST + SSE), alternating; the p50/mean of the per-pair differences."""
+    stack (native POST + SSE), alternating; the p50/mean of the per-pair differences. A
+    pair where either side has no first token (the seed's first sample was the end of
+    text) is skipped and another drawn, up to `pairs` more."""
     from tokenq.cli.stack import Stack
     from tokenq.workers.engines.llamacpp import LlamaCppEngine
 
@@ -113,29 +115,37 @@ def paired_ttft(settings: Settings, model: str, pairs: int, prompt_words: int,
                   scratch_redis=True).start()
     inproc: list[float] = []
     queued: list[float] = []
+    skipped = 0
     try:
         stack.wait_ready()
         with httpx.Client(base_url=stack.url, timeout=600) as client:
-            for i in range(pairs + 1):  # the first pair warms both paths and is dropped
+            i = 0
+            # the first pair warms both paths and is dropped
+            while len(inproc) < pairs and i <= 2 * pairs:
                 job_id = f"paired-{i}"
                 ended[job_id] = threading.Event()
                 t0 = time.perf_counter()
                 engine.submit(EngineRequest(job_id=job_id, attempt=1, prompt=prompt_text(
                     i, prompt_words, 1001), params=_params(cfg, i, max_tokens)))
-                if not ended[job_id].wait(600) or job_id not in first:
-                    raise RuntimeError(f"in-process job {i} produced no token")
+                if not ended[job_id].wait(600):
+                    raise RuntimeError(f"in-process job {i} did not end")
                 sample = one_job(client, request_body(
                     model, prompt_text(i, prompt_words, 1002), max_tokens, i, cfg.stop))
                 if not sample.ok:
                     raise RuntimeError(f"tokenq job {i} failed")
-                if i:
+                if job_id not in first or not sample.tokens:
+                    skipped += 1
+                elif i:
                     inproc.append(first[job_id] - t0)
                     queued.append(sample.ttft)
+                i += 1
     finally:
         stack.stop()
         engine.close()
+    if not inproc:
+        raise RuntimeError("no pair had a first token on both sides")
     diffs = [1000 * (q - p) for p, q in zip(inproc, queued, strict=True)]
-    return {"model": model, "pairs": pairs,
+    return {"model": model, "pairs": len(inproc), "skipped": skipped,
             "inprocess_ttft_p50_ms": 1000 * statistics.median(inproc),
             "tokenq_ttft_p50_ms": 1000 * statistics.median(queued),
             "added_p50_ms": statistics.median(diffs), "added_mean_ms": statistics.mean(diffs)}
