@@ -120,7 +120,6 @@ def paired_ttft(settings: Settings, model: str, pairs: int, prompt_words: int,
         stack.wait_ready()
         with httpx.Client(base_url=stack.url, timeout=600) as client:
             i = 0
-            # the first pair warms both paths and is dropped
             while len(inproc) < pairs and i <= 2 * pairs:
                 job_id = f"paired-{i}"
                 ended[job_id] = threading.Event()
@@ -135,7 +134,7 @@ def paired_ttft(settings: Settings, model: str, pairs: int, prompt_words: int,
                     raise RuntimeError(f"tokenq job {i} failed")
                 if job_id not in first or not sample.tokens:
                     skipped += 1
-                elif i:
+                elif i:  # the first pair warms both paths and is dropped
                     inproc.append(first[job_id] - t0)
                     queued.append(sample.ttft)
                 i += 1
