@@ -161,6 +161,18 @@ class PostLoop:
         return next((t for t, s, _ in self.results if t > t0 and s == 202), None)
 
 
+def batch_ended(main: httpx.Client, batch: str | None) -> dict[str, Any] | None:
+    """The batch once it has ended (None before). A 503 (the job store unavailable for the
+    moment, as while a failover settles: a terminal batch's read registers its files, a
+    write) is retried; anything else but a 200 fails the check with its body."""
+    resp = main.get(f"/v1/batches/{batch}")
+    if resp.status_code == 503:
+        return None
+    assert resp.status_code == 200, (resp.status_code, resp.text)
+    b: dict[str, Any] = resp.json()
+    return b if b["status"] in ("completed", "failed", "expired", "cancelled") else None
+
+
 @dataclass
 class Load:
     """Streams being read on both API replicas, a batch in progress, a POST loop."""
@@ -219,6 +231,18 @@ class Load:
                 firsts.append(after[0])
         return round(max(firsts) - t0, 2) if firsts else 0.0
 
+    def delivery_s(self, since_wall: float) -> float:
+        """The longest a token of the streams still running waited between being written
+        (its entry id: Redis' clock, the host's) or `since_wall`, whichever is later, and
+        reaching its client: the API's part of a resume, whatever the workers did."""
+        worst = 0.0
+        for rd in self.readers:
+            for wall, e in zip(rd.walls, rd.seen, strict=True):
+                if e.event == "token" and e.id and wall > since_wall:
+                    written = int(e.id.partition("-")[0]) / 1000
+                    worst = max(worst, wall - max(written, since_wall))
+        return round(worst, 2)
+
     def finish(self, t0: float) -> dict[str, Any]:
         """Stop the POSTs, read every stream to its end, wait for every accepted job and the
         batch, check the history. The figures: the checker's, the POSTs' statuses, when the
@@ -236,9 +260,7 @@ class Load:
         wait_for("every accepted job ended", all_ended, 240, every=1)
         ended = time.monotonic()
         summary = check_history(main, self.readers, accepted)
-        final = wait_for("the batch ended", lambda: (b := main.get(
-            f"/v1/batches/{self.batch}").json())["status"] in (
-            "completed", "failed", "expired", "cancelled") and b, 240, every=1)
+        final = wait_for("the batch ended", lambda: batch_ended(main, self.batch), 240, every=1)
         assert final["status"] == "completed", final
         out = main.get(f"/v1/files/{final['output_file_id']}/content").text.splitlines()
         ids = sorted(json.loads(x)["custom_id"] for x in out)

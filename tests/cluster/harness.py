@@ -178,6 +178,7 @@ class Reader:
     job_id: str
     seen: list[RawEvent] = field(default_factory=list)
     times: list[float] = field(default_factory=list)  # when each of `seen` arrived (monotonic)
+    walls: list[float] = field(default_factory=list)  # the same, by the wall clock
     connections: int = 0
     marks: dict[str, float] = field(default_factory=dict)  # name -> monotonic time
 
@@ -201,6 +202,7 @@ class Reader:
         for ev in events(client, self.job_id, self.last_id, timeout):
             self.seen.append(ev)
             self.times.append(time.monotonic())
+            self.walls.append(time.time())
             if ev.event == "token" and "first_token" not in self.marks:
                 self.marks["first_token"] = time.monotonic()
             if ev.event == "started" and ev.data["attempt"] > 1:

@@ -165,7 +165,7 @@ def test_partitioned_primary_refuses_writes_and_loses_nothing(ha_cluster: Cluste
                  every=0.5)
         refused = time.monotonic() - t0
         wait_for("a promotion", lambda: master(c) not in ("", old), 240, every=0.2)
-        promoted = time.monotonic() - t0
+        promoted, promoted_wall = time.monotonic() - t0, time.time()
         wait_for("a POST accepted by the promoted master",
                  lambda: load.posts.first_202_after(t0 + promoted), 180)  # type: ignore[union-attr]
         back = load.posts.first_202_after(t0 + promoted)
@@ -178,13 +178,23 @@ def test_partitioned_primary_refuses_writes_and_loses_nothing(ha_cluster: Cluste
     wait_for("the old master back as a replica", lambda: replicated(c), 120, every=0.5)
     rejoined = time.monotonic() - t0
     figures = load.finish(t0)
-    # Every client of the cut-off primary moves on (socket timeouts): the streams have new
-    # tokens within 10 s of the promotion, not when the old connections' TCP gives up.
-    assert load.resumed_s(t0) - promoted <= 10.0, (load.resumed_s(t0), promoted)
+    # Every client of the cut-off primary moves on within its socket timeouts, not when the
+    # old connections' TCP gives up (minutes). The API's stream hub: no token waits more than
+    # 10 s from its write (or the promotion, if written before it) to its client; before the
+    # hub had the socket timeout it took 15 s and more. A worker's: the streams have new
+    # tokens within 30 s of the promotion. That bound is wider than the hub's: one run of
+    # four on 2026-11-29 resumed 16.3 s after the cut, 10.9 s after the promotion (0.6 s
+    # after it in the run that set the old 10 s bound). A lease that lapses while its worker
+    # reconnects (lease 5 s, socket timeout 5 s, connect 3 s) waits for a takeover.
+    delivery = load.delivery_s(promoted_wall)
+    assert delivery <= 10.0, delivery
+    assert load.resumed_s(t0) - promoted <= 30.0, (load.resumed_s(t0), promoted)
     FIGURES["ha_partition"] = {
         **figures, "writes_refused_s": round(refused, 2), "promoted_s": round(promoted, 2),
         "post_back_s": round(back - t0, 2), "healed_s": round(healed, 2),
-        "old_master_replica_s": round(rejoined, 2), "streams_resumed_s": load.resumed_s(t0)}
+        "old_master_replica_s": round(rejoined, 2), "streams_resumed_s": load.resumed_s(t0),
+        "hub_delivery_max_s": delivery,
+        "taken_over": sum(1 for rd in load.readers if "takeover_started" in rd.marks)}
     settle(c)
 
 
