@@ -42,7 +42,7 @@ from tokenq.shared.settings import ModelConfig
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.25  # how often a replica looks at the catalogue's version
+POLL_S = 1.0  # how often a replica looks at the catalogue's version (the changing one: at once)
 
 
 class ModelExists(Conflict):

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from tokenq.api.deps import AppState
+from tokenq.api.sse import on_grid
 from tokenq.shared import eta, keys
 from tokenq.shared.catalogue import CATALOGUE, CatalogueEntry
 from tokenq.shared.jobs import dumps
@@ -64,7 +65,10 @@ async def with_updates(state: AppState, job_id: str, events: AsyncIterator[Entry
             else:
                 if nxt is None:
                     nxt = asyncio.ensure_future(anext(it))
-                done, _ = await asyncio.wait({nxt}, timeout=every_s if waiting else None)
+                # on the shared grid: the process wakes once for every waiting stream
+                now = asyncio.get_running_loop().time()
+                done, _ = await asyncio.wait(
+                    {nxt}, timeout=on_grid(now + every_s, every_s) - now if waiting else None)
                 if not done:
                     est = await eta.estimate(state.redis, job_id, fair_share(state.settings))
                     if est is None:

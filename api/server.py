@@ -9,6 +9,8 @@ A second signal exits at once.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import socket
 import threading
@@ -26,6 +28,8 @@ from tokenq.shared.settings import LOOPBACK_HOSTS
 
 log = logging.getLogger("tokenq.api")
 
+TICK_S = 1.0  # the server's own loop: the Date header's refresh and the exit check
+
 
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: FastAPI, drain_s: float):
@@ -33,11 +37,30 @@ class DrainingServer(uvicorn.Server):
         self.app = app
         self.drain_s = drain_s
         self.draining = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._exit = asyncio.Event()
+
+    async def main_loop(self) -> None:
+        """uvicorn's own loop wakes ten times a second to refresh the Date header and look
+        for an exit. Here it wakes once a second (the header keeps its one-second
+        resolution) and at once when told to exit: on an idle replica those ten wake-ups
+        were most of its CPU (docs/benchmarks.md, "The API's cost per token")."""
+        self._loop = asyncio.get_running_loop()
+        while not await self.on_tick(0):  # 0: every tick refreshes the header
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._exit.wait(), TICK_S)
+
+    def _exit_now(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # (a loop closing meanwhile)
+                loop.call_soon_threadsafe(self._exit.set)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         state: AppState | None = getattr(self.app.state, "tokenq", None)
         if self.draining or state is None:
-            super().handle_exit(sig, frame)
+            self._exit_now(sig, frame)
             return
         self.draining = state.draining = True
         log.warning("draining: new jobs get 503; waiting up to %.0fs for %d open stream(s)",
@@ -47,7 +70,7 @@ class DrainingServer(uvicorn.Server):
             deadline = time.monotonic() + self.drain_s
             while state.hub.watched and time.monotonic() < deadline:
                 time.sleep(0.1)
-            super(DrainingServer, self).handle_exit(sig, frame)
+            self._exit_now(sig, frame)
 
         threading.Thread(target=finish, name="tokenq-api-drain", daemon=True).start()
 

@@ -13,6 +13,8 @@ token (docs/benchmarks.md, "The queue itself"). A library response puts a cancel
 - at shutdown every open stream ends cleanly (`close_all`), so clients reconnect with
   Last-Event-ID.
 Each of those is one helper task per stream that wakes at those intervals, never per event.
+Those wake-ups fall on a shared one-second grid (`on_grid`): a thousand open streams wake
+the process once a second together, not sixty-odd times a second each on its own phase.
 
 Body chunks skip the middlewares' send wrappers: `RawSend`, the outermost layer
 (api/server.py), puts the server's own `send` in the scope, and a stream sends its
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import re
 from collections.abc import AsyncIterator, Mapping
 
@@ -42,6 +45,16 @@ _LINES = re.compile(r"\r\n|\r|\n")
 PING = b": ping\r\n\r\n"
 RAW_SEND = "tokenq.raw_send"  # the scope key RawSend sets
 _open: set[EventStream] = set()
+GRID_S = 1.0  # per-stream timers are rounded up to this grid of the loop's clock
+
+
+def on_grid(t: float, every: float) -> float:
+    """`t` (the loop's clock) rounded up to the next GRID_S (or `every`, when a timer is
+    set shorter): timers of many streams that are due within the same second fire in one
+    wake-up of the process. On a small host each wake-up of a Python process costs CPU
+    that the engine's threads wait for."""
+    grid = min(GRID_S, every) if every > 0 else GRID_S
+    return math.ceil(t / grid) * grid
 
 
 def event(data: str, *, event: str | None = None, id: str | None = None) -> bytes:
@@ -167,7 +180,8 @@ class EventStream(Response):
         seen, quiet_since = self._sent, loop.time()
         while True:
             try:
-                async with asyncio.timeout(tick):
+                async with asyncio.timeout_at(None if tick is None
+                                              else on_grid(loop.time() + tick, tick)):
                     message = await receive()
                 if message["type"] == "http.disconnect":
                     return True
