@@ -44,7 +44,7 @@ class DrainingServer(uvicorn.Server):
         """uvicorn's own loop wakes ten times a second to refresh the Date header and look
         for an exit. Here it wakes once a second (the header keeps its one-second
         resolution) and at once when told to exit: on an idle replica those ten wake-ups
-        were most of its CPU (docs/benchmarks.md, "The API's cost per token")."""
+        were most of its wake-ups (docs/benchmarks.md, "The API's timers")."""
         self._loop = asyncio.get_running_loop()
         while not await self.on_tick(0):  # 0: every tick refreshes the header
             with contextlib.suppress(TimeoutError):

@@ -1,5 +1,6 @@
-"""An API replica's timers wake it a few times a second, not tens: each wake-up of a Python
-process costs CPU that, on a small host, the engine's compute threads wait for.
+"""An API replica's timers wake it a few times a second, not tens: on a small VM each wake-up
+of a Python process costs CPU out of proportion to what it does (docs/benchmarks.md, "The
+API's timers").
 - Idle: uvicorn's own loop woke it 10 times a second and the catalogue's poll 4 more
   (api/server.py's tick, api/models_admin.py's poll).
 - With streams open: each stream's timers (its `queued` updates, its keep-alive watcher)

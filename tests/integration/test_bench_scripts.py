@@ -31,6 +31,13 @@ def test_thread_cpu_runs_with_nothing_to_watch() -> None:
     run("benchmarks/thread_cpu.py", "0.2")
 
 
+def test_api_wakeups_prints_idle_and_streams() -> None:
+    out = run("benchmarks/api_wakeups.py", "--streams", "5", "--window", "0.5",
+              "--windows", "1")
+    assert re.search(r"^idle: +[\d.]+ wake-ups/s +[\d.]+ cores$", out, re.M), out
+    assert re.search(r"^5 queued streams: +[\d.]+ wake-ups/s", out, re.M), out
+
+
 def test_step_write_prints_a_step_writes_cost() -> None:
     out = run("benchmarks/step_write.py", "--steps", "50")
     assert re.search(r"50 single-token step writes: wall median \d+ us, CPU \d+ us a step",
