@@ -31,8 +31,9 @@ WINDOW_S = 5.0
 # Idle: ~17 wake-ups a second before, ~3 now (measured); room for a busy CI host.
 MAX_IDLE_PER_S = 8.0
 # 200 queued streams opened over ~2 s: each stream's once-a-second update on its own phase
-# woke it 215-245 times a second; on the grid 4-7 (measured).
-MAX_STREAMS_PER_S = 15.0
+# woke it 215-245 times a second; on the grid 4-7 (measured). The bound leaves room for
+# a host where the replies to the 200 updates come back in more reads than here.
+MAX_STREAMS_PER_S = 40.0
 
 
 def _wakeups(pid: int) -> int:
