@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from tokenq.api.deps import AppState
-from tokenq.api.sse import on_grid
+from tokenq.api.sse import next_due
 from tokenq.shared import eta, keys
 from tokenq.shared.catalogue import CATALOGUE, CatalogueEntry
 from tokenq.shared.jobs import dumps
@@ -54,6 +54,7 @@ async def with_updates(state: AppState, job_id: str, events: AsyncIterator[Entry
     model: str | None = None
     it = aiter(events)
     nxt: asyncio.Task[Any] | None = None
+    due = float("-inf")  # the next update's time (the loop's clock)
     try:
         while True:
             if not waiting and nxt is None:
@@ -67,8 +68,9 @@ async def with_updates(state: AppState, job_id: str, events: AsyncIterator[Entry
                     nxt = asyncio.ensure_future(anext(it))
                 # on the shared grid: the process wakes once for every waiting stream
                 now = asyncio.get_running_loop().time()
-                done, _ = await asyncio.wait(
-                    {nxt}, timeout=on_grid(now + every_s, every_s) - now if waiting else None)
+                if due <= now:
+                    due = next_due(due, now, every_s)
+                done, _ = await asyncio.wait({nxt}, timeout=due - now if waiting else None)
                 if not done:
                     est = await eta.estimate(state.redis, job_id, fair_share(state.settings))
                     if est is None:

@@ -54,7 +54,17 @@ def on_grid(t: float, every: float) -> float:
     wake-up of the process (200 waiting streams: 6 wake-ups a second, not 56-245;
     docs/benchmarks.md, "The API's timers")."""
     grid = min(GRID_S, every) if every > 0 else GRID_S
-    return math.ceil(t / grid) * grid
+    return math.ceil(t / grid - 1e-9) * grid  # (a point itself, in float, stays put)
+
+
+def next_due(due: float, now: float, every: float) -> float:
+    """When a timer that fires every `every` seconds on the grid fires next, after firing
+    at `due`: a period after `due` (not after `now`, which is a little past the grid point
+    by the work done on waking: rounding that up would skip a grid point each time), or,
+    the first time or fallen behind, the grid point a period from now."""
+    if due + every > now:
+        return on_grid(due + every, every)
+    return on_grid(now + every, every)
 
 
 def event(data: str, *, event: str | None = None, id: str | None = None) -> bytes:
@@ -178,10 +188,10 @@ class EventStream(Response):
         ticks = [x for x in (self._ping_s, limit and limit / 2) if x]
         tick = min(ticks) if ticks else None  # None: only wait for the client to leave
         seen, quiet_since = self._sent, loop.time()
+        due = next_due(float("-inf"), quiet_since, tick) if tick is not None else None
         while True:
             try:
-                async with asyncio.timeout_at(None if tick is None
-                                              else on_grid(loop.time() + tick, tick)):
+                async with asyncio.timeout_at(due):
                     message = await receive()
                 if message["type"] == "http.disconnect":
                     return True
@@ -189,6 +199,7 @@ class EventStream(Response):
             except TimeoutError:
                 pass
             now = loop.time()
+            due = next_due(due, now, tick) if due is not None and tick is not None else None
             stuck = self._sending_since
             if limit is not None and stuck is not None and now - stuck >= limit:
                 return True  # the client stopped reading: drop it
