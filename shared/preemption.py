@@ -23,8 +23,9 @@ def preempt(job_id: str, *, worker: str, attempt: int, queue: str, message: str,
 def fair_victims(queue: str, running: Sequence[str], *, claim_ms: int, now: float,
                  fair: FairShare) -> Call[tuple[str, str | None]]:
     """Of `running` (this worker's jobs of the lane, in the order to choose from), the one
-    to hand back to the tenant the lane's next ticket takes: ('ok', id), ('claimed', None)
-    or ('none', None) (fair_victims.lua)."""
+    to hand back to the tenant the lane's next ticket takes: ('ok', id), ('claimed', None),
+    ('none', None), or ('alone', None) when no later look can find one either until news
+    comes: the lane's only backlogged tenant is the one running here (fair_victims.lua)."""
     lane = keys.lane(queue)
     return Call("fair_victims", [keys.lane_tenants(lane), keys.lane_ceded(lane),
                                  keys.lane_held(lane)],

@@ -163,11 +163,12 @@ class WorkerSettings(BaseModel):
     # A job is preempted at most preempt_max times (then it runs to its end); 0 turns
     # preemption off. The preemptor looks at the lanes when a job is put on one (each
     # script that does so publishes on the lane's name; at most every 10 ms), every
-    # preempt_poll_s while jobs wait there or a preemption settles, and every 0.25 s
-    # otherwise. At 2, a burst of interactive arrivals found every batch job in a slot at
-    # its bound within seconds (docs/benchmarks.md, 2026-11-26 evening); a preempted job
-    # resumes first in its lane, with its KV kept in host memory on a llama.cpp worker,
-    # so 4 costs little.
+    # preempt_poll_s while jobs wait there or a preemption settles (not while only the
+    # lane's own tenant waits, whose jobs hold the slots: nothing to free for it), and
+    # every 0.25 s otherwise. At 2, a burst of interactive arrivals found every batch job
+    # in a slot at its bound within seconds (docs/benchmarks.md, 2026-11-26 evening); a
+    # preempted job resumes first in its lane, with its KV kept in host memory on a
+    # llama.cpp worker, so 4 costs little.
     preempt_max: int = Field(default=4, ge=0)
     preempt_poll_s: float = Field(default=0.05, gt=0)
     # The engine then stops the batch's step under way (llama.cpp; computed again next

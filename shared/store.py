@@ -181,7 +181,8 @@ class JobStore:
     def fair_victims(self, queue: str, running: Sequence[str],
                      claim_ms: int) -> tuple[str, str | None]:
         """Which of `running` (in the order to choose from) to hand back to the lane's
-        next tenant (fair_victims.lua); ('none', None) under FIFO."""
+        next tenant (fair_victims.lua: 'ok', 'claimed', 'none' or 'alone'); ('none', None)
+        under FIFO."""
         if not self.s.fair_share or not running:
             return "none", None
         return self._run(preemption.fair_victims(queue, running, claim_ms=claim_ms,

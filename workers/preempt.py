@@ -5,7 +5,10 @@ its lanes high first; with every slot running low-priority jobs, an interactive 
 wait for the first of them to end (a 256-token batch line: tens of seconds on a CPU).
 The preemptor looks at its model's lanes when a script puts a job on one of them (each
 publishes on the lane's name: create, requeue, hand-back, preempt), every `preempt_poll_s`
-while jobs wait there or a preemption settles, and otherwise every IDLE_POLL_S. While
+while jobs wait there or a preemption settles, and otherwise every IDLE_POLL_S. Waiting jobs
+that no look can find room for until news comes (the lane's only backlogged tenant is the
+one whose jobs run here: fair_victims.lua's 'alone') count as nothing waiting: one tenant's
+backlog on full slots is looked at every IDLE_POLL_S, not 20 times a second. While
 every slot is taken and jobs wait in a lane above some running job's, it hands that many of the
 lowest-lane jobs back, the fewest times preempted first, then the most recently started
 (shared/lua/preempt.lua: `queued` again, tokens kept, `preemptions` + 1). Their slot
@@ -278,6 +281,8 @@ class Preemptor:
                                                  [run.job_id for _, run in mine], FAIR_CLAIM_MS)
         if status == "claimed":
             self._saw_waiting = True  # a slot is on its way: look again soon
+        elif status == "alone":
+            self._saw_waiting = False  # nothing to free until news (a new tenant) comes
         return self.preempt([(h, lane, True) for h, run in mine if run.job_id == chosen])
 
     def _write(self, handle: JobHandle, queue: str, messages: tuple[str, str]) -> bool:

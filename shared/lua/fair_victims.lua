@@ -20,8 +20,10 @@
 -- backlogged tenants other than the victim's, nothing more is freed, so two workers do not
 -- both free a slot for one waiting job, and several tenants waiting at once (a burst of
 -- light ones) get theirs in parallel rather than one look-and-take after another.
--- Returns {'ok', job id}, {'claimed'} (one is owed a slot, a freed one is on its way) or
--- {'none'}.
+-- Returns {'ok', job id}, {'claimed'} (one is owed a slot, a freed one is on its way),
+-- {'none'}, or {'alone'}: the next tenant is the lane's only backlogged one and every job
+-- here is its own, so no later look can find a victim either until news comes (a create
+-- naming a new tenant) or these jobs change; the preemptor stops looking every poll.
 --#include fair
 local tenants_key, ceded_key, held_key = KEYS[1], KEYS[2], KEYS[3]
 local claim_ms, now, half_s = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -47,6 +49,9 @@ for i = 4, #ARGV do
     newest[tenant] = ARGV[i]
   end
 end
+
+local others = #order > 1 or (order[1] and order[1] ~= next_tenant)
+if not others and redis.call('ZCARD', tenants_key) == 1 then return {'alone'} end
 
 local owed = (held(next_tenant) + 1) / weight(next_tenant)
 local victim, most = nil, nil

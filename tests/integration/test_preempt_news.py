@@ -12,6 +12,9 @@ import pytest
 import redis
 
 from tests.integration.test_job_state import JOB, MSG2, SETTINGS, acquire, attempt_of, create
+from tests.unit.test_fair_share import Q as FAIR_Q
+from tests.unit.test_fair_share import store as fair_store
+from tests.unit.test_fair_share import submit, take
 from tokenq.shared import keys
 from tokenq.shared.store import JobStore
 from tokenq.workers import preempt
@@ -113,6 +116,59 @@ def test_a_job_put_on_a_lane_wakes_the_preemptor_at_once(
     finally:
         preemptor.stop()
         r.publish(HIGH, "")  # wakes it to see the stop
+        assert preemptor._thread is not None
+        preemptor._thread.join(5)
+        assert not preemptor._thread.is_alive()
+
+
+def test_one_tenants_backlog_on_full_slots_is_not_looked_at_every_poll(
+        r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lane's only tenant holds every slot here and more of its jobs wait: no look can
+    free a slot until news comes (fair_victims.lua: 'alone'), so the preemptor looks every
+    IDLE_POLL_S, not every preempt_poll_s (20 looks a second, each a script in Redis,
+    beside a busy engine); another tenant's job still gets its look, and its slot, at once."""
+    monkeypatch.setattr(preempt, "IDLE_POLL_S", 0.5)
+    store = fair_store(r)
+    submit(store, "a", 4)
+    slots = take(store, 2)  # a holds both slots, two more of a's wait
+    publisher = Publisher(store)
+    for job_id in slots:
+        publisher.track(job_id, int(r.hget(keys.job(job_id), "attempts") or 0))
+    engine = MagicMock(slots=2)
+    engine.healthy.return_value = True
+    preemptor = Preemptor(store, store.s, celery=MagicMock(), publisher=publisher,
+                          engine=engine, model="m", worker_id="w")
+    assert keys.queue("m", "normal") == FAIR_Q  # the lane the fair-share helpers fill
+    looks: list[float] = []
+    victims: list[str] = []
+    real_poll = preemptor.poll
+
+    def poll() -> list[str]:
+        looks.append(time.monotonic())
+        return real_poll()
+
+    preemptor.poll = poll  # type: ignore[method-assign]
+    preemptor.preempt = lambda chosen: [  # type: ignore[method-assign]
+        h.job_id for h, _, _ in chosen if not victims.append(h.job_id)]
+    preemptor.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not looks:
+            assert time.monotonic() < deadline, "no look"
+            time.sleep(0.01)
+        t0, n = time.monotonic(), len(looks)
+        time.sleep(2.0)  # a measuring window: 40 looks at preempt_poll_s, 4 at IDLE_POLL_S
+        window = time.monotonic() - t0
+        assert len(looks) - n <= window / preempt.IDLE_POLL_S + 2, len(looks) - n
+        assert not victims
+        submit(store, "b", 1)  # news: b is owed one of a's slots
+        deadline = time.monotonic() + 2.0  # at once, not at the next slow look
+        while not victims:
+            assert time.monotonic() < deadline, "b's job got no slot"
+            time.sleep(0.005)
+        assert victims == ["a-1"]  # a's most recently started
+    finally:
+        preemptor.stop()
         assert preemptor._thread is not None
         preemptor._thread.join(5)
         assert not preemptor._thread.is_alive()

@@ -115,6 +115,31 @@ def test_a_tenant_far_behind_is_owed_a_slot_however_few_others_hold(r: redis.Red
     assert s.fair_victims(Q, running(r, here), 1000) == ("ok", "b-0")
 
 
+def test_the_lanes_only_tenant_running_here_is_alone(r: redis.Redis) -> None:
+    """'alone': nothing here can make room until news comes, whatever the time (the
+    preemptor stops looking every poll); 'none' where standings that move with time could
+    still name a victim."""
+    s = store(r)
+    submit(s, "a", 4)
+    slots = take(s, 2)  # a holds both slots; two more of a's wait, nobody else's
+    assert s.fair_victims(Q, running(r, slots), 1000) == ("alone", None)
+    take(s, 1, worker="elsewhere")  # a's jobs elsewhere change nothing here
+    assert s.fair_victims(Q, running(r, slots), 1000) == ("alone", None)
+    submit(s, "b", 1)  # the news of another tenant's job: room is made for it
+    assert s.fair_victims(Q, running(r, slots), 1000) == ("ok", "a-1")
+
+
+def test_a_running_tenant_other_than_the_next_is_never_alone(r: redis.Redis) -> None:
+    s = store(r)
+    submit(s, "b", 1)
+    slots = take(s, 1)
+    submit(s, "a", 3)
+    slots += take(s, 1)
+    assert slots == ["b-0", "a-0"] and r.zrange(keys.lane_tenants(LANE), 0, -1) == ["a"]
+    # b's job runs here, a alone waits: b's standing against a's moves with time
+    assert s.fair_victims(Q, running(r, slots), 1000)[0] != "alone"
+
+
 def test_fifo_never_preempts_between_tenants(r: redis.Redis) -> None:
     s = store(r, fair=False)
     submit(s, "a", 4)
