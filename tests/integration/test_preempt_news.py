@@ -5,6 +5,7 @@ at once instead of at its next poll, and without news it polls slowly."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 from unittest.mock import MagicMock
 
@@ -19,7 +20,7 @@ from tokenq.shared import keys
 from tokenq.shared.store import JobStore
 from tokenq.workers import preempt
 from tokenq.workers.preempt import LANES, Preemptor
-from tokenq.workers.publisher import Publisher
+from tokenq.workers.publisher import JobHandle, Publisher
 
 MODEL = "m-news"
 HIGH = keys.queue(MODEL, "high")
@@ -147,9 +148,12 @@ def test_one_tenants_backlog_on_full_slots_is_not_looked_at_every_poll(
         looks.append(time.monotonic())
         return real_poll()
 
+    def preempt_(chosen: Sequence[tuple[JobHandle, str, bool]]) -> list[str]:
+        victims.extend(handle.job_id for handle, _, _ in chosen)  # noted, not written
+        return []
+
     preemptor.poll = poll  # type: ignore[method-assign]
-    preemptor.preempt = lambda chosen: [  # type: ignore[method-assign]
-        h.job_id for h, _, _ in chosen if not victims.append(h.job_id)]
+    preemptor.preempt = preempt_  # type: ignore[method-assign]
     preemptor.start()
     try:
         deadline = time.monotonic() + 10
