@@ -9,7 +9,9 @@ prompt, one instruction and one JSON schema for the summary:
   requests in flight as there are slots.
 Each arm is warmed up first (one request per slot, not timed), as a serving deployment is.
 Per arm: makespan, output tokens and tok/s, how many summaries parse and validate against
-the schema, how many ran to max_tokens. Runs alternate the arms; medians over runs.
+the schema, how many ran to max_tokens, and the tokens (prompt + output) processed a second
+in the run's first and second half (`halves`: a cost that grows with the batch's length
+shows as a slower second half). Runs alternate the arms; medians over runs.
 """
 
 from __future__ import annotations
@@ -46,12 +48,32 @@ def judge(content: str | None, finish: str | None) -> tuple[bool, bool]:
     return ok, finish == "length"
 
 
-def figures(makespan: float, outs: list[tuple[int, bool, bool]]) -> dict[str, Any]:
+Span = tuple[float, float, int]  # a request's start, end (seconds) and tokens (prompt + output)
+
+
+def halves(spans: list[Span]) -> tuple[float, float]:
+    """Tokens a second over the first and the second half of a run (first start to last
+    end), each request's tokens spread evenly over its span."""
+    if not spans:
+        return 0.0, 0.0
+    t0, t1 = min(s for s, _, _ in spans), max(e for _, e, _ in spans)
+    mid, half = (t0 + t1) / 2, max((t1 - t0) / 2, 1e-9)
+    first = 0.0
+    for s, e, n in spans:
+        first += n * (max(0.0, min(e, mid) - s) / (e - s) if e > s else float(e <= mid))
+    total = sum(n for _, _, n in spans)
+    return round(first / half, 1), round((total - first) / half, 1)
+
+
+def figures(makespan: float, outs: list[tuple[int, bool, bool]],
+            spans: list[Span]) -> dict[str, Any]:
     tokens = sum(n for n, _, _ in outs)
+    first, second = halves(spans)
     return {"makespan_s": round(makespan, 2), "output_tokens": tokens,
             "tok_s": round(tokens / makespan, 2) if makespan else 0.0,
             "valid": sum(1 for _, ok, _ in outs if ok),
-            "at_max_tokens": sum(1 for _, _, length in outs if length), "n": len(outs)}
+            "at_max_tokens": sum(1 for _, _, length in outs if length), "n": len(outs),
+            "first_half_tok_s": first, "second_half_tok_s": second}
 
 
 def on_tokenq(settings: Settings, model: str, bodies: list[dict[str, Any]],
@@ -78,18 +100,32 @@ def on_tokenq(settings: Settings, model: str, bodies: list[dict[str, Any]],
                 time.sleep(0.25)
                 batch = client.batches.retrieve(batch.id)
             makespan = time.monotonic() - t0
-            outs = []
+            outs, job_ids = [], []
             if batch.output_file_id:
                 for raw in client.files.content(batch.output_file_id).text.splitlines():
-                    body = json.loads(raw)["response"]["body"]
-                    choice = body["choices"][0]
+                    response = json.loads(raw)["response"]
+                    body, choice = response["body"], response["body"]["choices"][0]
+                    job_ids.append(response["request_id"])
                     outs.append((body["usage"]["completion_tokens"],
                                  *judge(choice["message"]["content"], choice["finish_reason"])))
             outs += [(0, False, False)] * (len(bodies) - len(outs))  # failed lines
             say.print(f"  tokenq: batch {batch.status} in {makespan:.1f}s")
-            return figures(makespan, outs)
+            return figures(makespan, outs, job_spans(stack.url, job_ids))
         finally:
             stack.stop()
+
+
+def job_spans(url: str, job_ids: list[str]) -> list[Span]:
+    """Each line's lease to its end, from its job record (the worker's clock)."""
+    spans = []
+    with httpx.Client(base_url=url, timeout=30,
+                      headers={"Authorization": "Bearer tokenq"}) as http:
+        for job_id in job_ids:
+            rec = http.get(f"/v1/jobs/{job_id}").raise_for_status().json()
+            if rec.get("started_at") and rec.get("finished_at") and rec.get("usage"):
+                spans.append((rec["started_at"], rec["finished_at"],
+                              rec["usage"]["total_tokens"]))
+    return spans
 
 
 def on_llama_server(binary: str, settings: Settings, model: str,
@@ -104,21 +140,23 @@ def on_llama_server(binary: str, settings: Settings, model: str,
     with peer_process(args, f"{url}/health", logs / "llama_server_postcall.log"), \
             httpx.Client(base_url=url, timeout=600) as http:
 
-        def one(body: dict[str, Any]) -> tuple[int, bool, bool]:
+        def one(body: dict[str, Any]) -> tuple[tuple[int, bool, bool], Span]:
+            start = time.monotonic()
             resp = http.post("/v1/chat/completions", json={**body, "cache_prompt": True})
             resp.raise_for_status()
             out = resp.json()
             choice = out["choices"][0]
-            return (out["usage"]["completion_tokens"],
-                    *judge(choice["message"]["content"], choice["finish_reason"]))
+            return ((out["usage"]["completion_tokens"],
+                     *judge(choice["message"]["content"], choice["finish_reason"])),
+                    (start, time.monotonic(), out["usage"]["total_tokens"]))
 
         with ThreadPoolExecutor(cfg.n_parallel) as pool:
             list(pool.map(one, bodies[:cfg.n_parallel]))  # warm-up, not timed
             t0 = time.monotonic()
-            outs = list(pool.map(one, bodies))
+            done = list(pool.map(one, bodies))
             makespan = time.monotonic() - t0
-    say.print(f"  llama-server: {len(outs)} requests in {makespan:.1f}s")
-    return figures(makespan, outs)
+    say.print(f"  llama-server: {len(done)} requests in {makespan:.1f}s")
+    return figures(makespan, [o for o, _ in done], [sp for _, sp in done])
 
 
 def run_postcall(settings: Settings, model: str, calls: int, max_tokens: int, seed: int,
@@ -157,10 +195,12 @@ def run_postcall(settings: Settings, model: str, calls: int, max_tokens: int, se
 
 def table(arms: dict[str, list[dict[str, Any]]]) -> Table:
     t = Table(title="post-call batch")
-    for col in ("arm", "run", "makespan s", "output tok", "tok/s", "valid", "at max_tokens"):
+    for col in ("arm", "run", "makespan s", "output tok", "tok/s", "valid", "at max_tokens",
+                "in+out tok/s, halves"):
         t.add_column(col)
     for arm, rs in arms.items():
         for i, r in enumerate(rs):
             t.add_row(arm, str(i + 1), f"{r['makespan_s']:.1f}", str(r["output_tokens"]),
-                      f"{r['tok_s']:.1f}", f"{r['valid']}/{r['n']}", str(r["at_max_tokens"]))
+                      f"{r['tok_s']:.1f}", f"{r['valid']}/{r['n']}", str(r["at_max_tokens"]),
+                      f"{r['first_half_tok_s']:.1f} / {r['second_half_tok_s']:.1f}")
     return t

@@ -155,3 +155,23 @@ def test_placement_counts_a_job_misplaced_from_the_records() -> None:
     assert misplaced(recs, slots, run_s) == 1
     assert misplaced(recs, slots, {"fast": 1.0}) == 1  # slow's run time unknown: not judged
     assert misplaced(recs, slots, {"slow": 3.0}) == 0  # fast's unknown: the slow jobs aren't
+
+
+def test_postcall_halves_show_a_run_that_slows() -> None:
+    """`bench postcall`'s first- and second-half token rates: each request's tokens spread
+    over its own span, so a steady run reads the same in both halves and one whose requests
+    take longer as the batch goes on reads slower in the second."""
+    from tokenq.cli.bench.postcall import halves
+
+    # 2 slots, each running 10-token requests back to back for 10 s
+    steady = [(float(t), t + 1.0, 10) for t in range(10) for _ in range(2)]
+    assert halves(steady) == (20.0, 20.0)
+    # one request straddles the middle: its tokens split by its time on each side
+    assert halves([(0.0, 4.0, 40), (4.0, 10.0, 60)]) == (10.0, 10.0)
+    # requests taking 1 s, then 2 s each for the same tokens: the second half is slower
+    slowing = [(float(t), t + 1.0, 10) for t in range(4)] + [(4.0 + 2 * i, 6.0 + 2 * i, 10)
+                                                              for i in range(4)]
+    first, second = halves(slowing)
+    assert second < first
+    assert halves([]) == (0.0, 0.0)
+    assert halves([(1.0, 1.0, 5), (1.0, 3.0, 10)]) == (10.0, 5.0)  # an instant one counts
