@@ -94,9 +94,11 @@ class Settings(BaseSettings):
     stream_maxlen: int = 100_000
     # A worker whose heartbeat is older than this is gone (API, workers, autoscaler).
     worker_ttl_s: float = 10.0
-    # How often workers read the LoRA adapter registry (a load/unload/rollback is served
-    # within about this long plus the engine's load time).
-    adapter_poll_s: float = 0.25
+    # How often workers re-read the LoRA adapter registry with no change announced: a
+    # safety net. A load/unload/rollback is announced on a change stream and served within
+    # milliseconds plus the engine's load time; one whose announcement was lost (a Redis
+    # failover) within about this long.
+    adapter_poll_s: float = Field(default=5.0, gt=0)
 
     # observability: JSON log lines (`text` | `json`) and OpenTelemetry tracing (needs the
     # `otel` extra; OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set)

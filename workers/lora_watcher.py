@@ -25,12 +25,19 @@ from tokenq.workers.engines.base import Engine
 
 log = logging.getLogger(__name__)
 
+# The longest one wait on the change stream (a stop is seen within it; an idle worker
+# wakes about once per wait, not once per `adapter_poll_s` of old).
+MAX_BLOCK_S = 1.0
+
 
 class AdapterWatcher:
     def __init__(self, r: redis.Redis, engine: Engine, model: str, worker_id: str,
-                 poll_s: float):
+                 poll_s: float, block_s: float = MAX_BLOCK_S):
         self.r, self.engine, self.model, self.worker_id = r, engine, model, worker_id
         self.poll_s = poll_s
+        # one XREAD's wait: under the client's socket timeout, and never past a stop
+        self.block_ms = max(1, int(min(poll_s, block_s, MAX_BLOCK_S) * 1000))
+        self.cursor = "0-0"  # the change stream's last entry the registry was read after
         self.served: dict[str, AdapterRef] = {}  # name -> version new jobs get
         self._acked: dict[str, int] = {}  # name -> version id last acked (0 = none)
         self._stop = threading.Event()
@@ -38,7 +45,7 @@ class AdapterWatcher:
 
     def start(self) -> None:
         try:  # adapters loaded before this worker started are ready before its jobs
-            self.sync()
+            self.read_all()
         except Exception:
             log.exception("adapter sync at start failed; retrying every %.2f s", self.poll_s)
         self._thread.start()
@@ -50,19 +57,33 @@ class AdapterWatcher:
     def stop(self) -> None:
         self._stop.set()
 
+    def read_all(self) -> None:
+        """Note where the change stream ends, then read the registry: a change written
+        after that read has its entry past the cursor, so the next XREAD returns at once
+        (the API writes the registry, then appends its entry)."""
+        ends: list[Any] = self.r.xrevrange(  # type: ignore[assignment]
+            keys.ADAPTER_EVENTS, count=1)
+        self.cursor = str(ends[0][0]) if ends else "0-0"
+        self.sync()
+
     def _run(self) -> None:
         # Block on the change stream (the API appends on every registry write) so a change
-        # is acted on in milliseconds; re-read the registry at least every poll_s anyway,
-        # which also covers a change made between a sync and the next read.
-        last = "$"
+        # is acted on in milliseconds. The registry is re-read on each change and at least
+        # every poll_s: a safety net (an entry lost to a failover), not the way changes
+        # arrive, so an idle worker wakes once per block_ms and reads nothing else.
+        due = time.monotonic() + self.poll_s
         while not self._stop.is_set():
             try:
                 got: list[Any] = self.r.xread(  # type: ignore[assignment]
-                    {keys.ADAPTER_EVENTS: last}, count=100,
-                    block=max(1, int(self.poll_s * 1000)))
+                    {keys.ADAPTER_EVENTS: self.cursor}, count=100, block=self.block_ms)
                 if got:
-                    last = str(got[0][1][-1][0])
-                self.sync()
+                    self.cursor = str(got[0][1][-1][0])
+                    self.sync()
+                elif time.monotonic() >= due:
+                    self.read_all()
+                else:
+                    continue
+                due = time.monotonic() + self.poll_s
             except redis.RedisError:
                 log.warning("adapter registry unavailable; keeping the loaded adapters")
                 self._stop.wait(self.poll_s)

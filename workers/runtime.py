@@ -74,7 +74,7 @@ class WorkerRuntime:
         self.celery = create_celery(s)
         self.webhooks = WebhookSender(self.r, s)
         self.adapters = AdapterWatcher(self.r, self.engine, self.model, self.worker_id,
-                                       s.adapter_poll_s)
+                                       s.adapter_poll_s, s.redis_socket_timeout_s / 2)
         self.reconciler = Reconciler(self.store, s, self.celery)
         self.drainer = Drainer(self.store, s, celery=self.celery,
                                publisher=self.publisher, engine=self.engine, model=self.pool,
