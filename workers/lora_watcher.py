@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 # The longest one wait on the change stream (a stop is seen within it; an idle worker
 # wakes about once per wait, not once per `adapter_poll_s` of old).
 MAX_BLOCK_S = 1.0
+RETRY_S = 1.0  # after a failed read, the wait before the next try
 
 
 class AdapterWatcher:
@@ -40,6 +41,7 @@ class AdapterWatcher:
         self.cursor = "0-0"  # the change stream's last entry the registry was read after
         self.served: dict[str, AdapterRef] = {}  # name -> version new jobs get
         self._acked: dict[str, int] = {}  # name -> version id last acked (0 = none)
+        self._read_soon = False  # the read at start failed: read again at the first wait's end
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tokenq-adapters", daemon=True)
 
@@ -47,7 +49,8 @@ class AdapterWatcher:
         try:  # adapters loaded before this worker started are ready before its jobs
             self.read_all()
         except Exception:
-            log.exception("adapter sync at start failed; retrying every %.2f s", self.poll_s)
+            log.exception("adapter sync at start failed; retrying every %.2f s", RETRY_S)
+            self._read_soon = True
         self._thread.start()
 
     def summary(self) -> dict[str, int]:
@@ -71,7 +74,7 @@ class AdapterWatcher:
         # is acted on in milliseconds. The registry is re-read on each change and at least
         # every poll_s: a safety net (an entry lost to a failover), not the way changes
         # arrive, so an idle worker wakes once per block_ms and reads nothing else.
-        due = time.monotonic() + self.poll_s
+        due = 0.0 if self._read_soon else time.monotonic() + self.poll_s
         while not self._stop.is_set():
             try:
                 got: list[Any] = self.r.xread(  # type: ignore[assignment]
@@ -86,10 +89,12 @@ class AdapterWatcher:
                 due = time.monotonic() + self.poll_s
             except redis.RedisError:
                 log.warning("adapter registry unavailable; keeping the loaded adapters")
-                self._stop.wait(self.poll_s)
+                self._stop.wait(RETRY_S)
+                due = 0.0  # then read it all again: Redis may have restarted or failed over
             except Exception:
                 log.exception("adapter sync failed")
-                self._stop.wait(self.poll_s)
+                self._stop.wait(RETRY_S)
+                due = 0.0
 
     def sync(self) -> None:
         raw: dict[str, str] = self.r.hgetall(keys.ADAPTERS)  # type: ignore[assignment]

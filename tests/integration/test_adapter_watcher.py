@@ -102,3 +102,33 @@ def test_an_idle_watcher_does_not_read_the_registry_each_wait(
     assert len(reads) - before <= 1, f"{len(reads) - before} registry reads in {window_s} s"
     publish(r, 2)  # a change still comes in at once
     assert until(lambda: engine.loaded == [1, 2], 5.0), engine.loaded
+
+
+def test_after_a_redis_error_the_registry_is_read_again_soon(
+        r: redis.Redis, stopping: list[AdapterWatcher]) -> None:
+    """A failover can lose the change entry of a write the registry kept: after a failed
+    read the watcher reads the whole registry again within seconds, not at the next
+    safety-net poll."""
+    publish(r, 1)
+    engine = Engine()
+    w = AdapterWatcher(r, engine, MODEL, "w1", poll_s=60.0)  # type: ignore[arg-type]
+    stopping.append(w)
+    w.read_all()
+    failed: list[bool] = []
+    xread = w.r.xread
+
+    def flaky(*args: object, **kwargs: object) -> object:
+        if not failed:
+            failed.append(True)
+            # the write lands; its entry is lost with the old primary
+            rec = AdapterRecord(name="a", base=MODEL, engine="fake", status="loaded", current=2,
+                                versions=[AdapterVersion(id=v, path=f"/a{v}", created_at=0.0)
+                                          for v in (1, 2)])
+            r.hset(keys.ADAPTERS, "a", rec.model_dump_json())
+            raise redis.ConnectionError("primary gone")
+        return xread(*args, **kwargs)  # type: ignore[arg-type]
+
+    w.r = type("Flaky", (), {"xread": staticmethod(flaky), "xrevrange": r.xrevrange,
+                             "hgetall": r.hgetall, "hset": r.hset})()  # type: ignore[assignment]
+    w._thread.start()
+    assert until(lambda: engine.loaded == [1, 2], 10.0), engine.loaded
