@@ -34,14 +34,18 @@ class Engine:
         pass
 
 
+def record(version: int) -> str:
+    """Adapter `a` with versions 1..`version`, the last one served."""
+    return AdapterRecord(name="a", base=MODEL, engine="fake", status="loaded", current=version,
+                         versions=[AdapterVersion(id=v, path=f"/a{v}", created_at=0.0)
+                                   for v in range(1, version + 1)]).model_dump_json()
+
+
 def publish(r: redis.Redis, version: int) -> None:
     """What the API's admin route writes: the record and its change entry, in one
     transaction."""
-    rec = AdapterRecord(name="a", base=MODEL, engine="fake", status="loaded", current=version,
-                        versions=[AdapterVersion(id=v, path=f"/a{v}", created_at=0.0)
-                                  for v in range(1, version + 1)])
     pipe = r.pipeline(transaction=True)
-    pipe.hset(keys.ADAPTERS, "a", rec.model_dump_json())
+    pipe.hset(keys.ADAPTERS, "a", record(version))
     pipe.xadd(keys.ADAPTER_EVENTS, {"name": "a"}, maxlen=1000, approximate=True)
     pipe.execute()
 
@@ -120,11 +124,7 @@ def test_after_a_redis_error_the_registry_is_read_again_soon(
     def flaky(*args: object, **kwargs: object) -> object:
         if not failed:
             failed.append(True)
-            # the write lands; its entry is lost with the old primary
-            rec = AdapterRecord(name="a", base=MODEL, engine="fake", status="loaded", current=2,
-                                versions=[AdapterVersion(id=v, path=f"/a{v}", created_at=0.0)
-                                          for v in (1, 2)])
-            r.hset(keys.ADAPTERS, "a", rec.model_dump_json())
+            r.hset(keys.ADAPTERS, "a", record(2))  # the write lands; its entry is lost
             raise redis.ConnectionError("primary gone")
         return xread(*args, **kwargs)  # type: ignore[arg-type]
 
