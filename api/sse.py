@@ -40,6 +40,8 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tokenq.shared import aio
+
 SEP = "\r\n"
 _LINES = re.compile(r"\r\n|\r|\n")
 PING = b": ping\r\n\r\n"
@@ -119,6 +121,7 @@ class EventStream(Response):
         self._inflight = 0  # sends not returned yet (the pump's and a ping's)
         self._sending_since: float | None = None  # since when some send has been in flight
         self._pump: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[bool] | None = None
         hdrs = dict(headers or {})
         hdrs.setdefault("Cache-Control", "no-store")
         hdrs["Connection"] = "keep-alive"
@@ -126,8 +129,11 @@ class EventStream(Response):
         self.init_headers(hdrs)
 
     def close(self) -> None:
-        if self._pump is not None:
-            self._pump.cancel()
+        """End the stream (server shutdown): its watcher ends, so `_stream` ends the pump
+        however long a lost cancellation would keep it (shared/aio.py)."""
+        for task in (self._pump, self._watcher):
+            if task is not None:
+                task.cancel()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code,
@@ -141,15 +147,16 @@ class EventStream(Response):
 
     async def _stream(self, receive: Receive, send: Send, body_send: Send) -> None:
         pump = self._pump = asyncio.create_task(self._run_pump(body_send))
-        watch = asyncio.create_task(self._watch(receive, body_send))
+        watch = self._watcher = asyncio.create_task(self._watch(receive, body_send))
         _open.add(self)
         try:
             await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             _open.discard(self)
-            for task in (pump, watch):
-                task.cancel()
-            await asyncio.gather(pump, watch, return_exceptions=True)
+            # Cancelled again until done: a pump whose cancellation was lost (a Redis
+            # write's wait_for on Python 3.11) would keep its subscription, and the
+            # tenant's stream count, until its job ended.
+            await aio.cancel_and_wait(pump, watch)
             # The body's own cleanup (unsubscribe, cancel on disconnect), whatever ended it
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:

@@ -31,6 +31,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from tokenq.shared import aio
+
 try:  # the value redis-py's hiredis reader returns for "no complete reply yet"
     from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
 except ImportError:  # pragma: no cover - a redis-py without it: replies are read one by one
@@ -85,11 +87,11 @@ class StreamNotifier:
 
     async def stop(self) -> None:
         self._closing = True
+        await aio.cancel_and_wait(*self._tasks)
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("stream notifications: %s ended with %r", task.get_name(),
+                            task.exception())
         await self._drop()
 
     async def _drop(self) -> None:

@@ -47,7 +47,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tokenq.api.stream_ids import is_valid_id, parse_id
 from tokenq.api.stream_notify import StreamNotifier
-from tokenq.shared import keys
+from tokenq.shared import aio, keys
 from tokenq.shared.redis_conn import async_client
 from tokenq.shared.schemas import TERMINAL_EVENTS
 from tokenq.shared.settings import Settings
@@ -179,9 +179,7 @@ class StreamHub:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout=3)
             except TimeoutError:
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
+                await aio.cancel_and_wait(self._task)
         if self._notifier is None:
             with contextlib.suppress(RedisError):
                 await self._redis.delete(self._wake_key)

@@ -65,6 +65,28 @@ class Body:
             self.closed.set()
 
 
+class LosesACancel(Body):
+    """A body whose first cancellation is lost, as Python 3.11's asyncio.wait_for loses one
+    that lands as the call it wraps finishes (a Redis write: shared/aio.py)."""
+
+    async def gen(self) -> AsyncIterator[bytes]:
+        lost = False
+        try:
+            while True:
+                try:
+                    item = await self.items.get()
+                except asyncio.CancelledError:
+                    if lost:
+                        raise
+                    lost = True
+                    continue
+                if item is None:
+                    return
+                yield item
+        finally:
+            self.closed.set()
+
+
 SCOPE = {"type": "http", "method": "GET"}
 
 
@@ -139,6 +161,25 @@ def test_a_disconnect_ends_the_stream_and_runs_the_body_cleanup() -> None:
         conn.leave()
         await asyncio.wait_for(task, DEADLINE_S)
         assert body.closed.is_set() and not conn.ended()
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("end", ["disconnect", "shutdown"])
+def test_a_stream_whose_body_lost_a_cancellation_still_ends(end: str) -> None:
+    """Before: the stream waited on its body forever (or until its job ended), holding its
+    subscription and the tenant's stream count, and a SIGTERM waited the whole drain."""
+    async def main() -> None:
+        conn, body = Conn(), LosesACancel()
+        task = stream(conn, body, ping_s=10, send_timeout_s=30)
+        body.items.put_nowait(sse.event("x"))
+        await until(lambda: b"x" in conn.body())
+        if end == "disconnect":
+            conn.leave()
+        else:
+            sse.close_all()
+        await asyncio.wait_for(task, DEADLINE_S)
+        assert body.closed.is_set()
+        assert conn.ended() == (end == "shutdown")  # a shutdown ends the body cleanly
     asyncio.run(main())
 
 
