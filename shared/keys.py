@@ -61,6 +61,9 @@ OpenAI files and batches, completion webhooks:
     tokenq:tenant:{t}:batches    zset    batch ids by creation time
     tokenq:webhooks              zset    event id -> time of its next delivery attempt
     tokenq:webhook:{eid}         hash    url, type, object id, attempts
+    tokenq:webhooks:bell         list    rung (one entry at most) when an event is put in the
+                                         outbox: an idle sender waits on it (BLPOP)
+    tokenq:webhooks:bell:{w}     list    worker w's own bell (its sender's stop)
 
 The job scripts (shared/lua/) build batch and webhook keys from the prefixes
 below inside Lua, because which batch a job belongs to is only known there
@@ -232,6 +235,12 @@ def tenant_batches(tenant: str) -> str:
 WEBHOOKS = f"{PREFIX}:webhooks"
 WEBHOOK_PREFIX = f"{PREFIX}:webhook:"
 WEBHOOK_SEQ = f"{PREFIX}:webhooks:seq"
+WEBHOOK_BELL = f"{PREFIX}:webhooks:bell"
+
+
+def webhook_bell(worker_id: str) -> str:
+    """One worker's own bell: its sender's stop wakes only that sender."""
+    return f"{WEBHOOK_BELL}:{worker_id}"
 
 
 def webhook(event_id: str) -> str:

@@ -107,6 +107,15 @@ def _timeouts(settings: Settings, url: str, kwargs: dict[str, Any]) -> dict[str,
     return out
 
 
+def block_limit_s(r: redis.Redis, cap: float) -> float:
+    """The longest one blocking command (BLPOP, XREAD BLOCK) on `r` may wait: `cap`, and
+    at most half the client's socket timeout. A wait past that timeout ends in a client
+    error, and redis-py sends the command again: a BLPOP longer than the timeout never
+    returns by itself."""
+    timeout = r.connection_pool.connection_kwargs.get("socket_timeout")
+    return cap if not timeout else min(cap, float(timeout) / 2)
+
+
 def sync_client(settings: Settings, *, url: str | None = None, **kwargs: Any) -> redis.Redis:
     """A blocking client on the deployment's master. `url` replaces TOKENQ_REDIS_URL (an
     embedded Redis); `kwargs` are redis.Redis options (decode_responses, retry, ...); the

@@ -25,6 +25,7 @@ from prometheus_client import start_http_server
 from tokenq.shared import tracing
 from tokenq.shared.celery_app import create_celery
 from tokenq.shared.metrics import WorkerMetrics
+from tokenq.shared.redis_conn import block_limit_s
 from tokenq.shared.settings import ModelConfig, Settings
 from tokenq.shared.store import JobStore
 from tokenq.shared.weights import select_backend
@@ -33,7 +34,7 @@ from tokenq.workers.drain import Drainer
 from tokenq.workers.engines.base import Engine
 from tokenq.workers.heartbeat import Heartbeat, advertised_metrics_host
 from tokenq.workers.leases import Leases
-from tokenq.workers.lora_watcher import AdapterWatcher
+from tokenq.workers.lora_watcher import MAX_BLOCK_S, AdapterWatcher
 from tokenq.workers.pace import PaceMeter
 from tokenq.workers.preempt import Preemptor
 from tokenq.workers.publisher import Publisher
@@ -72,9 +73,9 @@ class WorkerRuntime:
         self.metrics = WorkerMetrics()
         self.pace = PaceMeter()
         self.celery = create_celery(s)
-        self.webhooks = WebhookSender(self.r, s)
+        self.webhooks = WebhookSender(self.r, s, self.worker_id)
         self.adapters = AdapterWatcher(self.r, self.engine, self.model, self.worker_id,
-                                       s.adapter_poll_s, s.redis_socket_timeout_s / 2)
+                                       s.adapter_poll_s, block_limit_s(self.r, MAX_BLOCK_S))
         self.reconciler = Reconciler(self.store, s, self.celery)
         self.drainer = Drainer(self.store, s, celery=self.celery,
                                publisher=self.publisher, engine=self.engine, model=self.pool,

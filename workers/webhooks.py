@@ -8,6 +8,11 @@ forward (a lease: if that worker dies, the event is due again later), counts the
 attempt, POSTs, and removes the event on a 2xx; failures back off exponentially,
 and after `webhook_max_attempts` attempts the event is given up.
 
+An idle sender does not poll: the same script that puts an event in the outbox rings a
+bell (a one-entry list), and the sender waits on it with BLPOP until the next event in the
+outbox is due (a retry's backoff, a dead sender's lease), at most `IDLE_MAX_S`. One idle
+sender wakes per ring and claims every due event; the others look at their next timeout.
+
 A receiver is a stranger on the tenant's side, so each attempt is bounded: the
 URL must pass the address policy again at send time (shared/webhook_policy.py),
 the connection goes to the address that was checked, at most
@@ -31,6 +36,7 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import threading
 import time
 
@@ -40,12 +46,15 @@ import redis
 from tokenq.shared import keys
 from tokenq.shared.lua_scripts import Scripts
 from tokenq.shared.parsing import secret_key
+from tokenq.shared.redis_conn import block_limit_s
 from tokenq.shared.settings import Settings
 from tokenq.shared.webhook_policy import AddressPolicy, UnsafeWebhook, resolve, tenant_secret
 
 log = logging.getLogger(__name__)
 
 GIVE_UP_KEEP_S = 7 * 24 * 3600  # an event given up on stays readable this long
+IDLE_MAX_S = 5.0  # the longest an idle sender waits on its bell (a ring lost to a failover)
+RETRY_S = 1.0  # after a failed claim or wait
 
 
 class WebhookOutbox:
@@ -55,11 +64,24 @@ class WebhookOutbox:
         self.r = r
         self._scripts = Scripts(r, ("claim",))
 
-    def claim(self, lease_s: float, limit: int) -> list[str]:
-        """Due events, each leased to this sender for `lease_s`."""
-        ids: list[str] = self._scripts["claim"](keys=[keys.WEBHOOKS],
-                                                args=[time.time(), lease_s, limit])
-        return ids
+    def claim(self, lease_s: float, limit: int) -> tuple[list[str], float | None]:
+        """Due events, each leased to this sender for `lease_s`, and when the next event
+        in the outbox is due (None: it is empty)."""
+        ids, next_due = self._scripts["claim"](keys=[keys.WEBHOOKS],
+                                               args=[time.time(), lease_s, limit])
+        return list(ids), None if next_due is None else float(next_due)
+
+    def wait(self, own_bell: str, timeout_s: float) -> None:
+        """Until the outbox's bell or `own_bell` rings, at most `timeout_s` (the client's
+        socket timeout must exceed it)."""
+        self.r.blpop([keys.WEBHOOK_BELL, own_bell], timeout=timeout_s)
+
+    def ring(self, own_bell: str) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.lpush(own_bell, "1")
+        pipe.ltrim(own_bell, 0, 0)
+        pipe.expire(own_bell, 60)
+        pipe.execute()
 
     def event(self, event_id: str) -> dict[str, str]:
         h: dict[str, str] = self.r.hgetall(keys.webhook(event_id))  # type: ignore[assignment]
@@ -109,9 +131,11 @@ def verify(secret: str, headers: dict[str, str], body: bytes, tolerance_s: int =
 
 
 class WebhookSender:
-    def __init__(self, r: redis.Redis, settings: Settings):
+    def __init__(self, r: redis.Redis, settings: Settings, worker_id: str = ""):
         self.outbox = WebhookOutbox(r)
         self.s = settings
+        self._own_bell = keys.webhook_bell(worker_id or f"pid{os.getpid()}")
+        self._idle_max_s = block_limit_s(r, IDLE_MAX_S)
         self.policy = AddressPolicy(settings.webhook_allow_hosts)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tokenq-webhooks", daemon=True)
@@ -123,6 +147,10 @@ class WebhookSender:
 
     def stop(self) -> None:
         self._stop.set()
+        try:
+            self.outbox.ring(self._own_bell)  # ends its wait on the bell now
+        except redis.RedisError:
+            pass  # the wait ends within idle_max_s
         self._thread.join(timeout=self.s.worker.webhook_attempt_s + 2)
 
     def _run(self) -> None:
@@ -136,20 +164,28 @@ class WebhookSender:
                                      follow_redirects=False) as http:
             while not self._stop.is_set():
                 free = s.worker.webhook_senders - len(inflight)
+                if free <= 0:  # every sender busy: claim again when one is done
+                    await asyncio.wait(inflight, timeout=self._idle_max_s,
+                                       return_when=asyncio.FIRST_COMPLETED)
+                    continue
                 try:
-                    ids = (await asyncio.to_thread(self.outbox.claim, lease, free)
-                           if free > 0 else [])
+                    ids, next_due = await asyncio.to_thread(self.outbox.claim, lease, free)
+                    for event_id in ids:
+                        task = asyncio.create_task(self.deliver(http, event_id))
+                        inflight.add(task)
+                        task.add_done_callback(inflight.discard)
+                    if ids:
+                        await asyncio.sleep(0.05)  # (a burst: claim the rest in a moment)
+                        continue
+                    wait = self._idle_max_s if next_due is None else next_due - time.time()
+                    await asyncio.to_thread(self.outbox.wait, self._own_bell,
+                                            min(max(wait, 0.01), self._idle_max_s))
                 except redis.RedisError as exc:
                     log.warning("webhooks: %s", exc)
-                    ids = []
+                    await asyncio.sleep(RETRY_S)
                 except Exception:  # the sender must outlive anything (a bug included)
                     log.exception("webhooks: claim failed")
-                    ids = []
-                for event_id in ids:
-                    task = asyncio.create_task(self.deliver(http, event_id))
-                    inflight.add(task)
-                    task.add_done_callback(inflight.discard)
-                await asyncio.sleep(0.05 if ids else 0.5)
+                    await asyncio.sleep(RETRY_S)
             if inflight:
                 await asyncio.wait(inflight, timeout=s.worker.webhook_attempt_s)
 
@@ -185,6 +221,8 @@ class WebhookSender:
             await asyncio.to_thread(outbox.delivered, event_id)
             return
         await asyncio.to_thread(outbox.failed, event_id, attempts, s.worker.webhook_max_attempts)
+        # its retry may be due before the sender's wait ends: wake it to wait until then
+        await asyncio.to_thread(outbox.ring, self._own_bell)
         if attempts >= s.worker.webhook_max_attempts:
             log.warning("webhook %s: giving up after %d attempts", event_id, attempts)
 

@@ -3,13 +3,16 @@
 -- settled, completion webhooks put in the outbox workers deliver), and leaving the
 -- queued indexes. Key prefixes (written between at signs) come from shared/keys.py.
 
--- Put a webhook event in the outbox (delivered by workers/webhooks.py).
+-- Put a webhook event in the outbox (delivered by workers/webhooks.py) and ring the bell
+-- an idle sender waits on (one ring at most: a sender that wakes claims every due event).
 -- `tenant` picks the signing secret (each tenant has its own).
 local function webhook(kind, obj_id, url, tenant, now)
   local eid = 'evt_' .. redis.call('INCR', '@WEBHOOK_SEQ@')
   redis.call('HSET', '@WEBHOOK_PREFIX@' .. eid, 'url', url, 'type', kind, 'object_id', obj_id,
              'tenant', tenant or '', 'created_at', now, 'attempts', 0)
   redis.call('ZADD', '@WEBHOOKS@', now, eid)
+  redis.call('LPUSH', '@WEBHOOK_BELL@', eid)
+  redis.call('LTRIM', '@WEBHOOK_BELL@', 0, 0)
 end
 
 -- Settle a batch whose lines have all ended once its driver finished enqueuing them.

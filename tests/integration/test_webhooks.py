@@ -27,9 +27,10 @@ DEFAULT_SECRET = tenant_secret(Settings(worker={"webhook_secret": WEBHOOK_SECRET
 
 
 class Receiver:
-    """A local endpoint that answers 500 to the first `fail_first` deliveries."""
+    """A local endpoint that answers 500 to the first `fail_first` deliveries, each answer
+    after `delay_s`."""
 
-    def __init__(self, fail_first: int = 0):
+    def __init__(self, fail_first: int = 0, delay_s: float = 0.0):
         self.events: list[tuple[dict[str, str], bytes]] = []
         self.fail_first = fail_first
         self.calls = 0
@@ -38,6 +39,7 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["content-length"]))
+                time.sleep(delay_s)
                 outer.calls += 1
                 ok = outer.calls > outer.fail_first
                 if ok:
