@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -38,7 +37,7 @@ from tokenq.api.routes import (
 )
 from tokenq.api.streams import StreamHub, hub_client
 from tokenq.api.tokens import PromptCounter
-from tokenq.shared import tracing
+from tokenq.shared import aio, tracing
 from tokenq.shared.celery_app import create_celery
 from tokenq.shared.redis_conn import async_client
 from tokenq.shared.settings import Settings, get_settings
@@ -116,10 +115,8 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
             await stop_catalogue()
             driver.stop()
             sweeper_stop.set()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(driver_task, timeout=5)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(sweeper, timeout=5)
+            await aio.stop(driver_task, 5)
+            await aio.stop(sweeper, 5)
             await hub.stop()
             await hub_redis.aclose()
             await state.raw.aclose()

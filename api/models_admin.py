@@ -22,7 +22,7 @@ from redis.exceptions import RedisError, WatchError
 
 from tokenq.api.deps import AppState
 from tokenq.api.errors import Conflict, InvalidRequest, NotFound
-from tokenq.shared import keys
+from tokenq.shared import aio, keys
 from tokenq.shared.catalogue import (
     CATALOGUE,
     CATALOGUE_EVENTS,
@@ -298,8 +298,7 @@ def start(state: AppState) -> Callable[[], Any]:
 
     async def close() -> None:
         stop.set()
-        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=5)
+        await aio.stop(task, 5)
 
     return close
 

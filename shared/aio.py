@@ -16,7 +16,10 @@ lost cancellation costs `again_s`, not the task's lifetime.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 AGAIN_S = 0.5
 
@@ -34,3 +37,13 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any], again_s: float = AGAIN_S)
         for task in pending:
             task.cancel()
         raise
+
+
+async def stop(task: asyncio.Task[Any], grace_s: float) -> None:
+    """A task told to stop (its event set): `grace_s` to end by itself, then cancelled
+    until it ends. Unlike `wait_for(task, grace_s)` on Python 3.11, which waits forever for
+    a task whose cancellation was lost. Its error, if it raised one, is logged."""
+    await asyncio.wait({task}, timeout=grace_s)
+    await cancel_and_wait(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("%s ended with %r", task.get_name(), task.exception())

@@ -78,3 +78,54 @@ def test_cancel_and_wait_leaves_done_tasks_and_reraises_its_own_cancellation() -
         give_up.set()
         await asyncio.wait_for(aio.cancel_and_wait(task), DEADLINE_S)
     asyncio.run(main())
+
+
+async def _loses_one_cancel(stopped: asyncio.Event, ended: list[str]) -> None:
+    """A loop told to stop that does not notice, and loses its first cancellation."""
+    lost = False
+    try:
+        while True:
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                if lost:
+                    raise
+                lost = True
+    finally:
+        ended.append("ended")
+
+
+@pytest.mark.parametrize("how", ["stop", "wait_for"])
+def test_stop_ends_a_task_that_lost_its_cancellation(how: str) -> None:
+    """The lifespan's shutdown used `wait_for(task, 5)`, which waits for the cancelled task
+    to end: forever, for one whose cancellation was lost."""
+    async def main() -> bool:
+        ended: list[str] = []
+        task = asyncio.create_task(_loses_one_cancel(asyncio.Event(), ended))
+        try:
+            if how == "stop":
+                await asyncio.wait_for(aio.stop(task, 0.1), DEADLINE_S)
+            else:
+                await asyncio.wait_for(asyncio.wait_for(task, 0.1), 1.0)
+        except TimeoutError:
+            pass
+        done = task.done()
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
+        return done and bool(ended)
+    assert asyncio.run(main()) == (how == "stop")
+
+
+def test_stop_leaves_a_task_that_ends_in_its_grace() -> None:
+    async def main() -> None:
+        stopped = asyncio.Event()
+
+        async def polite() -> str:
+            await stopped.wait()
+            return "done"
+
+        task = asyncio.create_task(polite())
+        asyncio.get_running_loop().call_later(0.05, stopped.set)
+        await asyncio.wait_for(aio.stop(task, DEADLINE_S), DEADLINE_S)
+        assert task.result() == "done"
+    asyncio.run(main())
