@@ -5,11 +5,12 @@ goes out when its backoff ends, not at the sender's next timeout; stop() ends it
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import redis
 
+from tests.integration.test_adapter_watcher import until
 from tests.integration.test_webhooks import Receiver
 from tokenq.shared import keys
 from tokenq.shared.redis_conn import block_limit_s
@@ -28,19 +29,8 @@ def client(r: redis.Redis, socket_timeout: float | None) -> redis.Redis:
                        socket_timeout=socket_timeout)
 
 
-def until(cond: Callable[[], bool], within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
-
-
-@pytest.fixture
-def sender(r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> Iterator[WebhookSender]:
-    monkeypatch.setattr(webhooks, "IDLE_MAX_S", LONG_WAIT_S)
-    s = WebhookSender(client(r, 2 * LONG_WAIT_S + 5), SETTINGS, "w1")
+def count_claims(s: WebhookSender) -> list[float]:
+    """When each of the sender's claims was made, from now on."""
     claims: list[float] = []
     claim = s.outbox.claim
 
@@ -49,7 +39,14 @@ def sender(r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> Iterator[WebhookS
         return claim(lease_s, limit)
 
     s.outbox.claim = counted  # type: ignore[method-assign]
-    s.claims = claims  # type: ignore[attr-defined]
+    return claims
+
+
+@pytest.fixture
+def sender(r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> Iterator[WebhookSender]:
+    monkeypatch.setattr(webhooks, "IDLE_MAX_S", LONG_WAIT_S)
+    s = WebhookSender(client(r, 2 * LONG_WAIT_S + 5), SETTINGS, "w1")
+    s.claims = count_claims(s)  # type: ignore[attr-defined]
     s.start()
     yield s
     s.stop()
@@ -128,14 +125,7 @@ def test_a_wait_stays_inside_the_clients_socket_timeout(
     assert block_limit_s(client(r, 2.0), LONG_WAIT_S) == 1.0
     assert block_limit_s(client(r, None), 5.0) == 5.0
     s = WebhookSender(client(r, 2.0), SETTINGS, "w3")
-    claims: list[float] = []
-    claim = s.outbox.claim
-
-    def counted(lease_s: float, limit: int) -> tuple[list[str], float | None]:
-        claims.append(time.monotonic())
-        return claim(lease_s, limit)
-
-    s.outbox.claim = counted  # type: ignore[method-assign]
+    claims = count_claims(s)
     s.start()
     try:
         assert until(lambda: len(claims) >= 3, 8.0), f"{len(claims)} claims in 8 s"
