@@ -37,7 +37,11 @@ async def live_workers(state: StateDep) -> dict[str, list[str]]:
 @router.get("/ready")
 async def ready(state: StateDep, workers: bool = True) -> JSONResponse:
     """`?workers=false`: Redis only. For a load balancer's readiness probe when workers
-    scale to zero: the API must stay routable to take the jobs that bring workers back."""
+    scale to zero: the API must stay routable to take the jobs that bring workers back.
+    Draining (after SIGTERM): 503 either way, so the probe takes the replica out of the
+    rotation while its open streams finish (/health stays 200: it must not be restarted)."""
+    if state.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
     try:
         await state.redis.ping()
         live = await live_workers(state) if workers else {}

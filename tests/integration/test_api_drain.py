@@ -1,4 +1,5 @@
-"""SIGTERM to an API replica: new jobs get 503 + Retry-After, open streams finish, it exits."""
+"""SIGTERM to an API replica: /ready and new jobs get 503 (jobs with Retry-After), open
+streams finish, it exits."""
 
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ def test_api_drain_refuses_new_jobs_and_lets_open_streams_finish(stack: Stack) -
                     assert refused.status_code == 503, refused.text
                     assert refused.json()["error"]["code"] == "draining"
                     assert refused.headers["retry-after"] == "1"
+                    # out of the load balancer's rotation, but alive (no restart)
+                    for probe in ("/ready", "/ready?workers=false"):
+                        got = client.get(probe)
+                        assert (got.status_code, got.json()["status"]) == (503, "draining")
+                    assert client.get("/health").status_code == 200
             stream_end = time.monotonic()
         assert seen[-1].event == "done"  # the open stream finished through the drain
         toks = [e for e in seen if e.event == "token"]

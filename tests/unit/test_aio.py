@@ -80,7 +80,7 @@ def test_cancel_and_wait_leaves_done_tasks_and_reraises_its_own_cancellation() -
     asyncio.run(main())
 
 
-async def _loses_one_cancel(stopped: asyncio.Event, ended: list[str]) -> None:
+async def _loses_one_cancel(ended: list[str]) -> None:
     """A loop told to stop that does not notice, and loses its first cancellation."""
     lost = False
     try:
@@ -101,7 +101,7 @@ def test_stop_ends_a_task_that_lost_its_cancellation(how: str) -> None:
     to end: forever, for one whose cancellation was lost."""
     async def main() -> bool:
         ended: list[str] = []
-        task = asyncio.create_task(_loses_one_cancel(asyncio.Event(), ended))
+        task = asyncio.create_task(_loses_one_cancel(ended))
         try:
             if how == "stop":
                 await asyncio.wait_for(aio.stop(task, 0.1), DEADLINE_S)
