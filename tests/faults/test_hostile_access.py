@@ -68,8 +68,9 @@ def test_ready_does_not_tell_redis_errors() -> None:
     """Unauthenticated /ready with Redis unreachable: a generic word, the detail in the log."""
     from tokenq.api.routes.ops import ready
 
-    class State:  # the two attributes /ready reads
+    class State:  # the attributes /ready reads
         def __init__(self) -> None:
+            self.draining = False
             self.redis = aioredis.Redis(host="127.0.0.1", port=free_port(),
                                         password="s3cret-pw", socket_connect_timeout=2)
 
