@@ -87,11 +87,8 @@ class StreamNotifier:
 
     async def stop(self) -> None:
         self._closing = True
-        await aio.cancel_and_wait(*self._tasks)
         for task in self._tasks:
-            if not task.cancelled() and task.exception() is not None:
-                log.warning("stream notifications: %s ended with %r", task.get_name(),
-                            task.exception())
+            await aio.stop(task, 0)
         await self._drop()
 
     async def _drop(self) -> None:

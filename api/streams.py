@@ -176,10 +176,7 @@ class StreamHub:
         if self._notifier is not None:
             await self._notifier.stop()
         if self._task:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), timeout=3)
-            except TimeoutError:
-                await aio.cancel_and_wait(self._task)
+            await aio.stop(self._task, 3)
         if self._notifier is None:
             with contextlib.suppress(RedisError):
                 await self._redis.delete(self._wake_key)
