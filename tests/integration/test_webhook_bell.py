@@ -52,6 +52,13 @@ def sender(r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> Iterator[WebhookS
     s.stop()
 
 
+def waiting_on_bell(r: redis.Redis) -> bool:
+    """A client of this test's database is blocked in BLPOP: the sender waits on its bell."""
+    db = r.connection_pool.connection_kwargs["db"]
+    return any(c.get("cmd") == "blpop" and int(c.get("db", -1)) == db
+               for c in r.client_list())
+
+
 def end_job_with_webhook(r: redis.Redis, url: str) -> None:
     """A queued job with a webhook, cancelled: its terminal script puts the event in the
     outbox (and rings the bell)."""
@@ -68,12 +75,11 @@ def test_an_idle_sender_waits_on_the_bell_and_an_event_rings_it(
     rcv = Receiver()
     try:
         claims: list[float] = sender.claims  # type: ignore[attr-defined]
-        assert until(lambda: len(claims) >= 1, 5.0)
-        time.sleep(0.2)
+        assert until(lambda: len(claims) >= 1 and waiting_on_bell(r), 5.0)
         before, window_s = len(claims), 3.0
-        time.sleep(window_s)
         # polling every 0.5 s claimed 6 times in 3 s
-        assert len(claims) - before <= 1, f"{len(claims) - before} claims in {window_s} s idle"
+        assert not until(lambda: len(claims) - before > 1, window_s), \
+            f"{len(claims) - before} claims within {window_s} s idle"
         sent = time.monotonic()
         end_job_with_webhook(r, rcv.url)
         # its wait would last ~27 s more: only the bell brings it this soon
@@ -109,7 +115,7 @@ def test_stop_ends_the_wait_at_once(r: redis.Redis, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(webhooks, "IDLE_MAX_S", LONG_WAIT_S)
     s = WebhookSender(client(r, 2 * LONG_WAIT_S + 5), SETTINGS, "w2")
     s.start()
-    time.sleep(0.5)  # waiting on the bell now (30 s)
+    assert until(lambda: waiting_on_bell(r), 5.0)  # waiting on the bell now (30 s)
     t0 = time.monotonic()
     s.stop()
     took = time.monotonic() - t0

@@ -59,6 +59,7 @@ def test_cancel_and_wait_leaves_done_tasks_and_reraises_its_own_cancellation() -
         assert not done.cancelled()
 
         give_up = asyncio.Event()
+        ignored: list[int] = []
 
         async def stubborn() -> None:
             while True:
@@ -67,10 +68,13 @@ def test_cancel_and_wait_leaves_done_tasks_and_reraises_its_own_cancellation() -
                 except asyncio.CancelledError:
                     if give_up.is_set():
                         raise
+                    ignored.append(1)
 
         task = asyncio.create_task(stubborn())
         waiter = asyncio.create_task(aio.cancel_and_wait(task, again_s=0.05))
-        await asyncio.sleep(0.2)
+        async with asyncio.timeout(DEADLINE_S):  # cancelled again, and again
+            while len(ignored) < 2:
+                await asyncio.sleep(0.01)
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
