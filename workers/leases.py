@@ -33,6 +33,7 @@ class Leases:
             if not ok and not h.done.is_set():
                 log.warning("job %s: lease lost; aborting attempt %d", h.job_id, h.attempt)
                 h.outcome = "fenced"
+                h.nudge.set()  # its task thread stops waiting for the job (workers/tasks.py)
                 # The engine cancels by job: not when this worker took the job again
                 # meanwhile (that newer attempt is what the engine runs now).
                 if self.publisher.current(h.job_id) is h:

@@ -54,6 +54,10 @@ class JobHandle:
     job_id: str
     attempt: int
     done: threading.Event = field(default_factory=threading.Event)
+    # Set whenever the task thread must look again: the attempt ended here (`finish`), its
+    # lease was lost (workers/leases.py), or the engine died (`Publisher.wake_all`). The
+    # thread sleeps on it rather than polling (workers/tasks.py `wait`).
+    nudge: threading.Event = field(default_factory=threading.Event)
     outcome: str = ""  # succeeded | failed | cancelled | fenced | handed_back | preempted
     text: list[str] = field(default_factory=list)
     first_token_at: float | None = None
@@ -80,6 +84,12 @@ class JobHandle:
     writes: int = 0
     write_s: float = 0.0
     last_write: tuple[float, float] | None = None
+
+    def finish(self, outcome: str) -> None:
+        """The attempt is over on this worker: record why and wake its task thread."""
+        self.outcome = outcome
+        self.done.set()
+        self.nudge.set()
 
     @property
     def end(self) -> int:
@@ -175,6 +185,11 @@ class Publisher:
         with self._lock:
             return list(self._handles.values())
 
+    def wake_all(self) -> None:
+        """Wake every task thread to look at its job again (the engine died)."""
+        for handle in self.tracked():
+            handle.nudge.set()
+
     def sink(self, step: StepOutput) -> None:
         """Called on the engine thread: hand off and return at once."""
         self._steps.put(step)
@@ -230,8 +245,7 @@ class Publisher:
                 [f for f in step.finished if (f.job_id, f.attempt) not in self._dropped])
             for h in self.tracked():
                 if (h.job_id, h.attempt) in self._dropped:
-                    h.outcome = h.outcome or "handed_back"  # or "preempted"
-                    h.done.set()
+                    h.finish(h.outcome or "handed_back")  # or "preempted"
         by_job: dict[tuple[str, int], list[TokenDelta]] = defaultdict(list)
         for t in step.tokens:
             by_job[(t.job_id, t.attempt)].append(t)
@@ -298,8 +312,7 @@ class Publisher:
                     or handle.done.is_set()):
                 continue
             handle.usage = (f.prompt_tokens, f.completion_tokens)
-            handle.outcome = self._outcome(f) if got.status is Ended.ENDED else "fenced"
-            handle.done.set()
+            handle.finish(self._outcome(f) if got.status is Ended.ENDED else "fenced")
 
     def _fill_gaps(self, tokens: dict[tuple[str, int], list[TokenWrite]],
                    appended: list[AppendResult], finished: list[Finished],

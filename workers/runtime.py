@@ -152,6 +152,7 @@ class WorkerRuntime:
         log.error("worker %s: the %s engine died; leaving the pool", self.worker_id,
                   self.engine.backend)
         self.engine_dead.set()
+        self.publisher.wake_all()  # each task thread hands its job back
         try:
             self.heartbeat.forget()
         except redis.RedisError:

@@ -30,7 +30,9 @@ from tokenq.workers.runtime import WorkerRuntime, runtime_of
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.25  # how often a task thread looks at its engine and its lease
+# A waiting task thread is woken by its handle's nudge; it looks on its own only this often,
+# a safety net (it used to poll every 0.25 s: 4 wake-ups a second per slot).
+WATCHDOG_S = 5.0
 FENCED_LET_GO_S = 5.0  # a fenced attempt's engine gets this long to let go of the job
 
 
@@ -205,8 +207,14 @@ def guard_grammar(rt: WorkerRuntime, job_id: str, attempt: int, params: Sampling
 
 def wait(rt: WorkerRuntime, job_id: str, attempt: int, handle: JobHandle) -> str:
     """Until the publisher has ended the job: give the job back if the engine dies, stop
-    waiting once the lease is lost. The handle's outcome."""
-    while not handle.done.wait(POLL_S):
+    waiting once the lease is lost. The handle's outcome. Each of those nudges the handle
+    (the publisher, the lease renewal, the heartbeat that finds the engine dead), so the
+    thread sleeps until one of them happens."""
+    while True:
+        handle.nudge.wait(WATCHDOG_S)
+        handle.nudge.clear()  # what set it was written before: the looks below see it
+        if handle.done.is_set():
+            break
         if not rt.engine.healthy():
             # Not the job's fault: another worker continues it from its tokens.
             log.error("job %s: the engine died; handing the job back", job_id)
