@@ -1,11 +1,14 @@
 """`tokenq bench scale`: what its parts share. A CPU meter per process (what bounds a
 part), percentiles, Redis' used_memory, and a lean keep-alive HTTP/1.1 client for request
 rates: httpx spends several times the API's own CPU per request, so with it a 2-core
-machine measures the client, not the API."""
+machine measures the client, not the API; and the client's garbage collector kept out of
+what it measures."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
 import time
 from collections import Counter
@@ -20,6 +23,24 @@ WHY = {"api": "its one event loop", "redis": "Redis runs commands on one thread"
        "worker": "one Celery worker process and its GIL",
        "bench": "the load generator itself", "source": "the synthetic token source"}
 MACHINE = "machine"  # every process on the host, ours and others'
+
+
+@contextlib.contextmanager
+def collector_off() -> Iterator[None]:
+    """This client's own cyclic garbage collector stopped while it measures. One process
+    holds all the bench's streams (1,000 httpx streams: some 500,000 objects), so each of
+    its collections stopped every stream's reading at once and the pause was counted as
+    the server's latency: on the 2-core VM a full collection took 325 ms and was the p99
+    (docs/benchmarks.md, "The queue itself"). A real client is one stream per process.
+    What start-up built is frozen out of reach; garbage in cycles waits for the end."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
 
 
 class Meter:
