@@ -389,7 +389,8 @@ def relay_arm(stack: Stack, key: str, meter: Meter, r: redis.Redis, say: Callabl
            "api_over_relay": api["api_cpu_s_per_1k_tok"] / max(per_1k, 1e-9)}
     say(f"    the same traffic from a minimal relay (cli/bench/relay.py: pub/sub read in bulk, "
         f"one write per announcement): {f.tokens} of {summary['tokens']} tokens, p50 "
-        f"{res['latency_p50_ms']:.1f} / p99 {res['latency_p99_ms']:.1f} ms; relay CPU "
+        f"{res['latency_p50_ms']:.1f} / p99 {res['latency_p99_ms']:.1f} ms (steady "
+        f"{res['latency_steady_p99_ms']:.1f} ms); relay CPU "
         f"{per_1k:.3f} s per 1,000 tokens; the API costs {res['api_over_relay']:.1f}x the "
         f"relay (the API at {1 / max(res['api_over_relay'], 1e-9):.2f} of the bound)")
     return res
