@@ -28,7 +28,7 @@ MACHINE = "machine"  # every process on the host, ours and others'
 @contextlib.contextmanager
 def collector_off() -> Iterator[None]:
     """This client's own cyclic garbage collector stopped while it measures. One process
-    holds all the bench's streams (1,000 httpx streams: some 500,000 objects), so each of
+    holds all the bench's streams (1,000 httpx streams and their parsers), so each of
     its collections stopped every stream's reading at once and the pause was counted as
     the server's latency: on the 2-core VM a full collection took 325 ms and was the p99
     (docs/benchmarks.md, "The queue itself"). A real client is one stream per process.
