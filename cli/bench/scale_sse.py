@@ -83,7 +83,7 @@ def run_source(spec: SourceSpec, ready: MpEvent, go: MpEvent, out: Any) -> None:
         pub.track(job_id, attempt)
     pub.start()
     renewing = threading.Event()
-    renewer = threading.Thread(target=_keep_leases, args=(spec, settings, jobs, renewing),
+    renewer = threading.Thread(target=_keep_leases, args=(store, jobs, renewing),
                                daemon=True, name="bench-source-leases")
     renewer.start()
     ready.set()
@@ -121,23 +121,19 @@ def run_source(spec: SourceSpec, ready: MpEvent, go: MpEvent, out: Any) -> None:
     pub.sink(last)
     last.flushed.wait(120)
     renewing.set()
+    renewer.join(30)
     pub.stop()
     r.close()
     out.put(summary)
 
 
-def _keep_leases(spec: SourceSpec, settings: Settings, jobs: list[tuple[str, int]],
-                 stop: threading.Event) -> None:
+def _keep_leases(store: JobStore, jobs: list[tuple[str, int]], stop: threading.Event) -> None:
     """The source's leases renewed every RENEW_S on a thread of their own, as a worker's
     heartbeat does: renewing a thousand in the step loop held a step back ~0.1 s and the
-    tokens behind it (counted as the server's latency)."""
-    r = redis.Redis.from_url(spec.redis_url, decode_responses=True)
-    store = JobStore(r, settings)
-    try:
-        while not stop.wait(RENEW_S):
-            store.renew(jobs, SOURCE_WORKER)
-    finally:
-        r.close()
+    tokens behind it (counted as the server's latency). (redis-py's client and its pool
+    are shared between threads safely.)"""
+    while not stop.wait(RENEW_S):
+        store.renew(jobs, SOURCE_WORKER)
 
 
 @dataclass
