@@ -22,12 +22,21 @@ class Gate:
         self.open = threading.Event()
         self.ran: list[str] = []
         self.started = threading.Semaphore(0)
+        self.one: dict[str, threading.Event] = {}
 
     def work(self, who: str) -> str:
         self.ran.append(who)
         self.started.release()
-        assert self.open.wait(10)
+        mine = self.one.setdefault(who, threading.Event())
+        deadline = time.monotonic() + 10
+        while not (self.open.is_set() or mine.is_set()):
+            assert time.monotonic() < deadline
+            self.open.wait(0.005)
         return who
+
+    def release(self, who: str) -> None:
+        """Let `who` alone finish."""
+        self.one.setdefault(who, threading.Event()).set()
 
 
 async def until(cond: object, timeout: float = 5) -> None:
@@ -42,9 +51,12 @@ def test_a_tenant_holds_its_share_and_the_other_gets_the_rest() -> None:
         pool = CpuPool(threads=2, per_tenant=1, queue=8)
         gate = Gate()
         a = [asyncio.create_task(pool.run("a", gate.work, f"a{i}")) for i in range(5)]
-        await until(lambda: pool.running("a") == 1 and pool.waiting("a") == 4)
+        # `running` counts a call when it takes its thread; the work starts a moment later
+        await until(lambda: pool.running("a") == 1 and pool.waiting("a") == 4
+                    and gate.ran == ["a0"])
         b = asyncio.create_task(pool.run("b", gate.work, "b0"))
         await until(lambda: pool.running("b") == 1)  # straight in: a's excess waits
+        await until(lambda: len(gate.ran) == 2)
         assert gate.ran == ["a0", "b0"]
         gate.open.set()
         assert await asyncio.gather(*a, b) == ["a0", "a1", "a2", "a3", "a4", "b0"]
@@ -59,9 +71,12 @@ def test_the_fewest_holding_tenant_goes_first() -> None:
         pool = CpuPool(threads=2, per_tenant=2, queue=8)
         gate = Gate()
         a = [asyncio.create_task(pool.run("a", gate.work, f"a{i}")) for i in range(4)]
-        await until(lambda: pool.running("a") == 2 and pool.waiting("a") == 2)
+        await until(lambda: pool.running("a") == 2 and pool.waiting("a") == 2
+                    and len(gate.ran) == 2)
         b = asyncio.create_task(pool.run("b", gate.work, "b0"))
         await until(lambda: pool.waiting("b") == 1)
+        gate.release("a0")  # one thread comes free: b gets it, not a's next waiting call
+        await until(lambda: len(gate.ran) == 3)
         gate.open.set()
         await asyncio.gather(*a, b)
         # b waited behind a's two running calls, not behind a's two waiting ones
