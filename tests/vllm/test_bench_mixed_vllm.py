@@ -1,7 +1,9 @@
 """`tokenq bench mixed --vllm` in smoke mode: tokenq's vLLM worker goes through the three
 phases and produces every figure (what the figures are is for docs/benchmarks.md, not a
-test). The peers are left out here: each is one more vLLM engine start (minutes on a
-2-core CI machine). `vllm serve`'s start is tested in test_conformance.py, the peers'
+test). It runs the suite's tiny model (tests/vllm/tiny_model.py), already a Hugging Face
+folder: SmolLM2 would first be converted from its GGUF, and its phases take a minute on a
+2-core CI machine, for the same code path. The peers are left out here: each is one more
+vLLM engine start. `vllm serve`'s start is tested in test_conformance.py, the peers'
 requests (a streamed /v1/completions) in tests/integration/test_bench.py, and their three
 phases are the same `measure` as tokenq's."""
 
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.conftest import SMOL
+from tests.vllm.conftest import TINY
 from tokenq.cli.bench.mixed import MixedConfig, run_mixed
 from tokenq.shared.settings import Settings
 
@@ -21,10 +23,12 @@ pytestmark = pytest.mark.vllm
 
 
 @pytest.mark.timeout(600)  # one vLLM engine start, then three short phases
-def test_mixed_bench_on_vllm_produces_figures(vllm_importable: None,  # noqa: ARG001
-                                              state_dir: Path) -> None:
-    settings = Settings(redis_url=None, state_dir=state_dir)
-    out = run_mixed(settings, SMOL, MixedConfig.quick(), Console(quiet=True), vllm=True)
+def test_mixed_bench_on_vllm_produces_figures(vllm_settings: Settings, state_dir: Path) -> None:
+    # The tiny model's entry, on a stack and Redis of the bench's own (redis_url None): the
+    # suite's vLLM stack serves the same model name on the session's Redis.
+    settings = Settings(redis_url=None, state_dir=state_dir,
+                        models_file=vllm_settings.models_file)
+    out = run_mixed(settings, TINY, MixedConfig.quick(), Console(quiet=True), vllm=True)
     assert [r["server"] for r in out["results"]] == ["tokenq"]
     fig = out["results"][0]
     assert fig["errors"] == 0, fig
