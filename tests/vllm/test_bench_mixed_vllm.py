@@ -1,8 +1,8 @@
 """`tokenq bench mixed --vllm` in smoke mode: tokenq's vLLM worker goes through the three
 phases and produces every figure (what the figures are is for docs/benchmarks.md, not a
 test). It runs the suite's tiny model (tests/vllm/tiny_model.py), already a Hugging Face
-folder: SmolLM2 would first be converted from its GGUF, and its phases take a minute on a
-2-core CI machine, for the same code path. The peers are left out here: each is one more
+folder: SmolLM2 would first be converted from its GGUF, and its phases took ~40 s on a
+2-core machine, for the same code path. The peers are left out here: each is one more
 vLLM engine start. `vllm serve`'s start is tested in test_conformance.py, the peers'
 requests (a streamed /v1/completions) in tests/integration/test_bench.py, and their three
 phases are the same `measure` as tokenq's."""
