@@ -30,7 +30,13 @@ from tokenq.shared.settings import ModelConfig, Settings
 from tokenq.shared.weights import gguf_path, hf_dir, select_backend
 from tokenq.workers import tasks
 from tokenq.workers.engines.base import Engine
-from tokenq.workers.runtime import WorkerRuntime, bind, exit_if_still_alive, runtime_of
+from tokenq.workers.runtime import (
+    WorkerRuntime,
+    bind,
+    end_process,
+    exit_if_still_alive,
+    runtime_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -191,9 +197,12 @@ def run_worker(settings: Settings, name: str, loglevel: str = "INFO") -> None:
     slots = cfg.n_parallel if select_backend(cfg) in ("llama", "fake") else cfg.max_num_seqs
     try:
         _worker_main(app, name, slots, loglevel)
-    finally:
-        if engine_dead:  # a non-zero exit, so a supervisor starts a fresh worker
-            raise SystemExit(f"worker for {model!r}: its engine died; exiting")
+        status: object = 0
+    except SystemExit as exc:  # Celery's exit code, or a start hook's message
+        status = exc.code
+    if engine_dead:  # a non-zero exit, so a supervisor starts a fresh worker
+        status = f"worker for {model!r}: its engine died; exiting"
+    end_process(status)
 
 
 def _worker_main(app: Any, model: str, slots: int, loglevel: str) -> None:

@@ -11,12 +11,16 @@ watcher, the webhook sender and the metrics server.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import multiprocessing
 import os
 import signal
 import socket
+import sys
 import threading
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import redis
 from celery import Celery
@@ -174,6 +178,30 @@ def exit_if_still_alive(exitcode: int, after_s: float = EXIT_GRACE_S) -> None:
     t = threading.Timer(after_s, _end)
     t.daemon = True
     t.start()
+
+
+def end_process(status: object) -> NoReturn:
+    """End the worker process once Celery has stopped and the runtime is closed, with
+    `status` as `SystemExit` reads it (None: 0, an int: itself, anything else: printed to
+    stderr, then 1). The interpreter's own teardown is skipped: it frees only what the exit
+    returns anyway, and after vLLM's imports (torch, transformers) it took ~3.5 s of CPU on
+    a 2-core machine, on every rollout and scale-in. What it would have done that matters
+    is done here: the logs and the standard streams are flushed, and a child process still
+    running (an engine's, if its stop failed) is killed rather than left behind."""
+    if status is None:
+        code = 0
+    elif isinstance(status, int):
+        code = status
+    else:
+        print(status, file=sys.stderr)
+        code = 1
+    for child in multiprocessing.active_children():
+        child.kill()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def bind(app: Celery, rt: WorkerRuntime | None) -> None:

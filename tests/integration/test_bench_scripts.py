@@ -67,3 +67,8 @@ def test_placement_posts_prints_the_submit_rate_with_and_without_the_order() -> 
         out = run("benchmarks/placement_posts.py", "--posts", "40", "--runs", "1", *flag)
         assert re.search(rf"placement_in_order={on}: median \d+ POST/s", out), out
         assert "{202: 40}" in out, out
+
+
+def test_worker_stop_prints_how_long_an_idle_worker_took_to_exit() -> None:
+    out = run("benchmarks/worker_stop.py", "--runs", "1")
+    assert re.search(r"an idle worker exited \d+\.\d\d s after SIGTERM \(median", out), out

@@ -61,6 +61,7 @@ from tokenq.workers.engines.vllm_args import (
     request_priority,
     sampling_params,
     stat_logger,
+    stop_grace_s,
 )
 from tokenq.workers.engines.vllm_plugin import register as register_hook
 
@@ -193,7 +194,8 @@ class VllmEngine:
         if self._tasks:
             await asyncio.wait(list(self._tasks.values()), timeout=5)
         llm, self.llm = self.llm, None
-        llm.shutdown()  # here, not in AsyncLLM.__del__ at interpreter exit (too late)
+        # here, not in AsyncLLM.__del__ at interpreter exit (too late)
+        llm.shutdown(timeout=stop_grace_s())
 
     @staticmethod
     def _lora_request(ref: AdapterRef) -> Any:

@@ -31,6 +31,10 @@ HIGH, NORMAL, LOW = 0, 1, 2  # vLLM's request priority (lower first): a job's hi
 BATCH_PREFILL_KEY, BATCH_ALONE_KEY = "tokenq_batch_prefill", "tokenq_batch_alone_prefill"
 CPU_BATCH_ALONE_TOKENS = 128  # batch_alone_prefill_tokens unset, on a CPU
 SCHEDULER = "tokenq.workers.engines.vllm_sched.TieredScheduler"
+# How long vLLM's processes get to exit at a CPU worker's stop before they are killed
+# (vLLM's own wait is 5 s). Nothing is in flight by then, and on a CPU they hold only
+# memory, which the kill returns; their own teardown of torch took ~4 s here.
+CPU_STOP_GRACE_S = 1.0
 
 
 def request_priority(urgent: bool, background: bool) -> int:
@@ -47,6 +51,12 @@ def step_tokens(c: ModelConfig) -> int | None:
     if has_nvidia_gpu() or c.enable_chunked_prefill is False:
         return None
     return max(CPU_STEP_TOKENS, c.max_num_seqs)
+
+
+def stop_grace_s() -> float | None:
+    """The grace vLLM's processes get at the worker's stop: CPU_STOP_GRACE_S on a CPU;
+    on a GPU, vLLM's own (None), which leaves the driver time to release device memory."""
+    return None if has_nvidia_gpu() else CPU_STOP_GRACE_S
 
 
 def engine_dtype(requested: str, cpuinfo: str | None = None) -> str:
