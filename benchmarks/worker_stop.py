@@ -14,11 +14,11 @@ import signal
 import statistics
 import time
 
-import httpx
 from rich.console import Console
 
 from tokenq.cli.bench.compare_vllm import on_vllm
 from tokenq.cli.stack import Stack
+from tokenq.client import Client
 from tokenq.shared.settings import Settings
 
 
@@ -28,13 +28,9 @@ def one_stop(settings: Settings, model: str) -> float:
     st.start_parts()
     try:
         st.wait_ready(timeout=600)
-        with httpx.Client(base_url=st.url, timeout=120) as c:
-            job = c.post("/v1/jobs", json={"model": model, "prompt": "Hello",
-                                           "max_tokens": 8}).json()["id"]
-            deadline = time.monotonic() + 120
-            while c.get(f"/v1/jobs/{job}").json()["status"] != "succeeded":
-                assert time.monotonic() < deadline, "the job did not finish"
-                time.sleep(0.1)
+        with Client(st.url) as c:
+            job = c.wait(c.submit(model, "Hello", max_tokens=8).id, timeout=120)
+            assert job.status == "succeeded", job
         (_, worker), = st.worker_procs
         t0 = time.monotonic()
         worker.send_signal(signal.SIGTERM)

@@ -11,7 +11,7 @@ import importlib.util
 import logging
 import os
 import socket
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 from celery import signals
@@ -127,8 +127,8 @@ def _pool_config(name: str, model: str, pool: str | None, cfg: ModelConfig) -> M
     return cfg.pool(pool) if pool is not None else cfg
 
 
-def run_worker(settings: Settings, name: str, loglevel: str = "INFO") -> None:
-    """A worker for `name`: a model, or one pool of it (`model@pool`)."""
+def run_worker(settings: Settings, name: str, loglevel: str = "INFO") -> NoReturn:
+    """A worker for `name`: a model, or one pool of it (`model@pool`). Ends the process."""
     model, pool = split_pool(name)
     cfg, listed = _config(settings, model)
     pools = [pool_id(model, n) for n in cfg.pools]  # every pool of the model (moves)
@@ -195,9 +195,9 @@ def run_worker(settings: Settings, name: str, loglevel: str = "INFO") -> None:
             bind(app, None)
 
     slots = cfg.n_parallel if select_backend(cfg) in ("llama", "fake") else cfg.max_num_seqs
+    status: object = 0
     try:
         _worker_main(app, name, slots, loglevel)
-        status: object = 0
     except SystemExit as exc:  # Celery's exit code, or a start hook's message
         status = exc.code
     if engine_dead:  # a non-zero exit, so a supervisor starts a fresh worker
