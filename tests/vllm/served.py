@@ -1,4 +1,9 @@
-"""vLLM's own OpenAI server as a test peer: started, awaited on /health, stopped."""
+"""vLLM's own OpenAI server as a test peer: started, awaited on /health, stopped.
+
+A vLLM server takes ~45 s to boot on 2 cores, nearly all of it one Python process at a
+time importing torch and vLLM (the server, then its engine, then the engine's worker). A
+fixture that launches it and only waits for it when a test first asks for its URL lets
+another boot (tokenq's own stack) run beside it, on the other core."""
 
 from __future__ import annotations
 
@@ -11,33 +16,56 @@ from pathlib import Path
 
 import httpx
 
+BOOT_TIMEOUT_S = 300
+
+
+class Launched:
+    """`args` (a vLLM api_server command on `port`, with `env` on top of this process's and
+    the engine's environment) started now; `url` waits until it is healthy."""
+
+    def __init__(self, args: list[str], port: int, log_path: Path,
+                 env: dict[str, str] | None = None) -> None:
+        from tokenq.workers.engines.vllm_args import (
+            engine_env,  # imports vLLM's settings: only when used
+        )
+
+        self._args, self._log_path = args, log_path
+        self._log = log_path.open("wb")
+        self._proc = subprocess.Popen(args, env={**os.environ, **engine_env(), **(env or {})},
+                                      stdout=self._log, stderr=subprocess.STDOUT)
+        self._url = f"http://127.0.0.1:{port}"
+        self._deadline = time.monotonic() + BOOT_TIMEOUT_S
+        self._healthy = False
+
+    @property
+    def url(self) -> str:
+        while not self._healthy:
+            assert self._proc.poll() is None, self._log_path.read_text()[-3000:]
+            assert time.monotonic() < self._deadline, f"vLLM's server did not start: {self._args}"
+            try:
+                self._healthy = httpx.get(self._url + "/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                pass
+            if not self._healthy:
+                time.sleep(1)
+        return self._url
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(10)
+        self._log.close()
+
 
 @contextmanager
 def vllm_server(args: list[str], port: int, log_path: Path,
                 env: dict[str, str] | None = None) -> Iterator[str]:
-    """Run `args` (a vLLM api_server command on `port`, with `env` on top of this process's
-    and the engine's environment); yield its URL once it is healthy."""
-    from tokenq.workers.engines.vllm_args import (
-        engine_env,  # imports vLLM's settings: only when used
-    )
-
-    log = log_path.open("wb")
-    proc = subprocess.Popen(args, env={**os.environ, **engine_env(), **(env or {})}, stdout=log,
-                            stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    """Run `args` as Launched does; yield its URL once it is healthy."""
+    server = Launched(args, port, log_path, env)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, f"vLLM's server did not start: {args}"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        yield url
+        yield server.url
     finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
+        server.stop()
