@@ -5,7 +5,7 @@
 # (shared/llamacpp_dispatch.py); a build with the build host's flags dies with SIGILL on
 # an older CPU. The production image installs it (scripts/wheelhouse.sh); CI's test setup
 # installs it too (TOKENQ_LLAMA_BUILD=portable scripts/setup.sh), so that one build
-# (~15 min on 2 cores) serves the tests and the image.
+# (~9 min on 2 cores) serves the tests and the image.
 # Cached in ~/.cache/tokenq/wheels/portable-<version>/ (TOKENQ_WHEEL_CACHE moves it).
 #   scripts/llama_portable.sh      -> the repacked wheel's path (last line of stdout)
 set -euo pipefail
@@ -15,6 +15,8 @@ LLAMA_VERSION=$(grep -oP '"llama-cpp-python==\K[0-9.]+' pyproject.toml)
 PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
 CACHE="${TOKENQ_WHEEL_CACHE:-$HOME/.cache/tokenq/wheels}/portable-$LLAMA_VERSION"
 ARGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DLLAVA_BUILD=OFF"
+# Without llama.cpp's `common` library, which the wheel does not need (the file says why).
+ARGS+=" -DCMAKE_PROJECT_llama.cpp_INCLUDE=$PWD/scripts/llama_no_common.cmake"
 
 # A private venv for the pip that builds: the host's own may be older or externally managed.
 venv=.tokenq/wheelhouse-venv

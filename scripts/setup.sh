@@ -23,14 +23,16 @@ if [ "${TOKENQ_LLAMA_BUILD:-native}" = portable ]; then
   WHEEL=$(scripts/llama_portable.sh | tail -1)
   KEY="portable $(basename "$WHEEL")"
 else
-  ARGS="$(cli/llama_cmake_args.sh)"
+  # Without llama.cpp's `common` library: the wheel never loads it, and it is about half
+  # of this build (scripts/llama_no_common.cmake).
+  ARGS="$(cli/llama_cmake_args.sh) -DCMAKE_PROJECT_llama.cpp_INCLUDE=$PWD/scripts/llama_no_common.cmake"
   KEY=$(printf '%s %s' "$LLAMA_VERSION" "$ARGS" | sha256sum | cut -c1-16)
 fi
 if [ "$(cat .venv/.llama-key 2>/dev/null)" != "$KEY" ]; then
   if [ -z "${WHEEL:-}" ]; then
     WHEELS="${TOKENQ_WHEEL_CACHE:-$HOME/.cache/tokenq/wheels}/$KEY"
     if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
-      echo "building llama-cpp-python $LLAMA_VERSION for this CPU (once; 6-13 min on 2 cores)"
+      echo "building llama-cpp-python $LLAMA_VERSION for this CPU (once; ~3-6 min on 2 cores)"
       echo "  CMAKE_ARGS=$ARGS"
       mkdir -p "$WHEELS"
       CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
