@@ -23,10 +23,13 @@ if [ "${TOKENQ_LLAMA_BUILD:-native}" = portable ]; then
   WHEEL=$(scripts/llama_portable.sh | tail -1)
   KEY="portable $(basename "$WHEEL")"
 else
+  ARGS="$(cli/llama_cmake_args.sh)"
+  # The key: the CPU flags and the hook's text, not this clone's path.
+  KEY=$(printf '%s %s %s' "$LLAMA_VERSION" "$ARGS" "$(cat scripts/llama_no_common.cmake)" |
+        sha256sum | cut -c1-16)
   # Without llama.cpp's `common` library: the wheel never loads it, and it is about half
   # of this build (scripts/llama_no_common.cmake).
-  ARGS="$(cli/llama_cmake_args.sh) -DCMAKE_PROJECT_llama.cpp_INCLUDE=$PWD/scripts/llama_no_common.cmake"
-  KEY=$(printf '%s %s' "$LLAMA_VERSION" "$ARGS" | sha256sum | cut -c1-16)
+  ARGS+=" -DCMAKE_PROJECT_llama.cpp_INCLUDE=$PWD/scripts/llama_no_common.cmake"
 fi
 if [ "$(cat .venv/.llama-key 2>/dev/null)" != "$KEY" ]; then
   if [ -z "${WHEEL:-}" ]; then
