@@ -35,7 +35,7 @@ if [ "$(cat .venv/.llama-key 2>/dev/null)" != "$KEY" ]; then
   if [ -z "${WHEEL:-}" ]; then
     WHEELS="${TOKENQ_WHEEL_CACHE:-$HOME/.cache/tokenq/wheels}/$KEY"
     if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
-      echo "building llama-cpp-python $LLAMA_VERSION for this CPU (once; ~3-6 min on 2 cores)"
+      echo "building llama-cpp-python $LLAMA_VERSION for this CPU (once; ~3-7 min on 2 cores)"
       echo "  CMAKE_ARGS=$ARGS"
       mkdir -p "$WHEELS"
       CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
