@@ -10,11 +10,9 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
+from tokenq.cli.bench.peers import wait_http
 
 BOOT_TIMEOUT_S = 300
 
@@ -39,15 +37,14 @@ class Launched:
 
     @property
     def url(self) -> str:
-        while not self._healthy:
-            assert self._proc.poll() is None, self._log_path.read_text()[-3000:]
-            assert time.monotonic() < self._deadline, f"vLLM's server did not start: {self._args}"
+        if not self._healthy:
             try:
-                self._healthy = httpx.get(self._url + "/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                pass
-            if not self._healthy:
-                time.sleep(1)
+                wait_http(self._url + "/health", self._proc,
+                          max(0.0, self._deadline - time.monotonic()))
+            except (RuntimeError, TimeoutError) as exc:
+                raise AssertionError(f"vLLM's server did not start ({exc}): {self._args}\n"
+                                     + self._log_path.read_text()[-3000:]) from None
+            self._healthy = True
         return self._url
 
     def stop(self) -> None:
@@ -59,13 +56,3 @@ class Launched:
             self._proc.wait(10)
         self._log.close()
 
-
-@contextmanager
-def vllm_server(args: list[str], port: int, log_path: Path,
-                env: dict[str, str] | None = None) -> Iterator[str]:
-    """Run `args` as Launched does; yield its URL once it is healthy."""
-    server = Launched(args, port, log_path, env)
-    try:
-        yield server.url
-    finally:
-        server.stop()
