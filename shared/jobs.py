@@ -10,7 +10,8 @@
                        answers where the stream really ends (a failover may have lost tokens)
     finish   (worker)  running -> succeeded|failed|cancelled with its terminal event, once
                        (and, for the publisher, only once the stream holds every token sent)
-    cancel   (api)     queued -> cancelled at once; running -> cancel_requested=1
+    cancel   (api)     queued -> cancelled at once; running -> cancel_requested=1, or
+                       left to finish (queued_only: a batch's cancel)
     renew    (worker)  extend the lease only while it is still ours (retake it if it
                        expired and no newer attempt took the job)
     requeue  (worker)  a job no message will deliver goes back on its queue (takeover,
@@ -234,6 +235,7 @@ class Cancelled(enum.StrEnum):
     MISSING = "missing"
     CANCELLED = "cancelled"  # was queued (ended here), or was cancelled already
     REQUESTED = "requested"  # running: its worker stops it
+    LEFT = "left"  # running, left to finish (a cancel of queued jobs only)
     ENDED = "ended"  # already succeeded, failed or expired
 
 
@@ -290,11 +292,9 @@ def _picked(got: list[Any]) -> PickResult:
 
 
 def _cancelled(got: str | None) -> Cancelled:
-    if not got:
-        return Cancelled.MISSING
-    if got == "cancelled":
-        return Cancelled.CANCELLED
-    return Cancelled.REQUESTED if got == "running" else Cancelled.ENDED
+    said = {"cancelled": Cancelled.CANCELLED, "left": Cancelled.LEFT,
+            "running": Cancelled.REQUESTED}
+    return Cancelled.MISSING if not got else said.get(got, Cancelled.ENDED)
 
 
 def _flag(got: Any) -> bool:
@@ -377,9 +377,10 @@ def finish(end: Ending, *, maxlen: int, ttl: int, fair: FairShare,
                  "" if end.tokens is None else end.tokens, *fair.args(), repr(now)], _finished)
 
 
-def cancel(job_id: str, *, now: float, maxlen: int, ttl: int) -> Call[Cancelled]:
+def cancel(job_id: str, *, now: float, maxlen: int, ttl: int,
+           queued_only: bool = False) -> Call[Cancelled]:
     return Call("cancel", [keys.job(job_id), keys.job_events(job_id), keys.RUNNING],
-                [repr(now), maxlen, ttl], _cancelled)
+                [repr(now), maxlen, ttl, "1" if queued_only else "0"], _cancelled)
 
 
 def renew(job_id: str, *, worker: str, attempt: int, lease_ms: int) -> Call[bool]:

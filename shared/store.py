@@ -55,9 +55,10 @@ def _create(s: Settings, job_id: str, fields: dict[str, str], tenant: str, queue
                        fair=fair_share(s))
 
 
-def _cancel(s: Settings, job_id: str, ttl: int | None) -> Call[Cancelled]:
+def _cancel(s: Settings, job_id: str, ttl: int | None,
+            queued_only: bool = False) -> Call[Cancelled]:
     return jobs.cancel(job_id, now=time.time(), maxlen=s.stream_maxlen,
-                       ttl=s.result_ttl_s if ttl is None else ttl)
+                       ttl=s.result_ttl_s if ttl is None else ttl, queued_only=queued_only)
 
 
 def _queued(scripts: Scripts, r: Any, calls: Sequence[Call[Any]]) -> Any:
@@ -275,8 +276,10 @@ class AsyncJobStore:
         _, acked = await pipe.execute()
         return int(acked)
 
-    async def cancel(self, job_id: str, ttl: int | None = None) -> Cancelled:
-        return await self._run(_cancel(self.s, job_id, ttl))
+    async def cancel(self, job_id: str, ttl: int | None = None, *,
+                     queued_only: bool = False) -> Cancelled:
+        """`queued_only` (a batch's cancel): a running job is left to finish."""
+        return await self._run(_cancel(self.s, job_id, ttl, queued_only))
 
     async def reject(self, job_id: str, fields: dict[str, str], *, tenant: str,
                      error: JobErrorInfo, ttl: int) -> bool:

@@ -357,7 +357,11 @@ class BatchDriver:
                             self.state.settings.api.file_ttl_s, now)
 
     async def sweep_cancel(self, batch_id: str) -> None:
-        """Queued lines end `cancelled` (counted by the job scripts); running ones finish."""
+        """Queued lines end `cancelled` (counted by the job scripts); running ones finish
+        (the cancel script checks the state and ends a queued line in one step, so a line
+        leased meanwhile is left running), and the last of them to end settles the batch
+        `cancelled` (shared/lua/terminal.lua), its result in the output file. No line
+        past the cursor is enqueued once `enqueue_done` is set."""
         s = self.state.settings
         await self.r.hset(keys.batch(batch_id), "enqueue_done", "1")
         cursor, total = await self.r.hmget(keys.batch(batch_id), ["cursor", "total"])
@@ -365,7 +369,8 @@ class BatchDriver:
         # (AsyncJobStore.create_many), or by a driver that died before saving the cursor.
         last = max(int(cursor or 0), min(int(cursor or 0) + MAX_PIPELINE, int(total or 0)))
         for n in range(1, last + 1):
-            await self.state.jobs.cancel(line_job_id(batch_id, n), ttl=s.api.file_ttl_s)
+            await self.state.jobs.cancel(line_job_id(batch_id, n), ttl=s.api.file_ttl_s,
+                                         queued_only=True)
             if n % s.api.batch_chunk == 0:
                 await self._keep_lease(batch_id)
         await self.r.hset(keys.batch(batch_id), "swept", "1")

@@ -144,6 +144,8 @@ def test_cancel_queued_batch(oai: openai.OpenAI) -> None:
 
 
 def test_cancel_mid_run_keeps_finished_results(oai: openai.OpenAI) -> None:
+    """Lines that ran (or were running at the cancel: they finish) are in the output file;
+    only lines that never started are cancelled."""
     lines = [chat_line(f"m{i}", QUESTIONS[i % len(QUESTIONS)], max_tokens=24)
              for i in range(16)]
     f = oai.files.create(file=("m.jsonl", jsonl(lines)), purpose="batch")
@@ -170,6 +172,7 @@ def test_cancel_mid_run_keeps_finished_results(oai: openai.OpenAI) -> None:
     assert sorted(x["custom_id"] for x in out + errs) == sorted(x["custom_id"] for x in lines)
     assert all(x["response"]["status_code"] == 200 for x in out)
     assert {e["error"]["code"] for e in errs} == {"batch_cancelled"}
+    assert {e["error"]["message"] for e in errs} == {"the request was cancelled before it ran"}
 
 
 def test_batch_over_the_line_limit_fails_validation(oai: openai.OpenAI,
