@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tokenq.shared.pattern_states import PatternTooAmbiguous, pattern_states
 from tokenq.shared.settings import Settings
 
 # Keywords whose integer value becomes a repetition count in the grammar.
@@ -38,6 +39,7 @@ class GrammarBudget:
     max_enum: int = 256  # values of one enum
     max_pattern: int = 512  # characters of one `pattern`
     max_size: int = 20_000  # the estimated grammar size (below)
+    max_pattern_states: int = 256  # readings one `pattern` keeps at once (pattern_states.py)
 
 
 class SchemaOverBudget(ValueError):
@@ -105,6 +107,10 @@ def _keywords(node: dict[str, Any], budget: GrammarBudget, path: tuple[str, ...]
                 raise SchemaOverBudget(f"pattern repeats {bound} times ({m.group(0)}); at most "
                                        f"{budget.max_repeat}", _where((*path, "pattern")))
             size += bound
+        try:
+            pattern_states(pattern, budget.max_pattern_states)
+        except PatternTooAmbiguous as exc:
+            raise SchemaOverBudget(f"pattern: {exc}", _where((*path, "pattern"))) from exc
         size += len(pattern)
     enum = node.get("enum")
     if isinstance(enum, list):
@@ -141,7 +147,8 @@ def budget_of(s: Settings) -> GrammarBudget:
     return GrammarBudget(max_repeat=lim(a.schema_max_repeat), max_depth=lim(a.schema_max_depth),
                          max_nodes=lim(a.schema_max_nodes), max_enum=lim(a.schema_max_enum),
                          max_pattern=lim(a.schema_max_pattern),
-                         max_size=lim(a.schema_max_grammar))
+                         max_size=lim(a.schema_max_grammar),
+                         max_pattern_states=lim(a.schema_max_pattern_states))
 
 
 def nesting(value: Any) -> int:

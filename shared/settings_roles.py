@@ -119,6 +119,8 @@ class ApiSettings(BaseModel):
     schema_max_enum: int = Field(default=256, ge=0)  # values of one enum
     schema_max_pattern: int = Field(default=512, ge=0)  # characters of one pattern
     schema_max_grammar: int = Field(default=20_000, ge=0)  # estimated grammar size
+    # grammar states one `pattern` keeps at once (nested repetitions multiply them)
+    schema_max_pattern_states: int = Field(default=256, ge=0)
 
     # CPU work a request asks of the API (api/cpu.py: /tokenize, /detokenize, rendering and
     # counting a long prompt, parsing a long batch line) runs on cpu_threads threads, not

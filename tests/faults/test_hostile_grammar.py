@@ -36,6 +36,7 @@ from tests.faults.test_abusive_input import assert_envelope
 from tokenq.cli.stack import Stack
 from tokenq.client.sse import stream_events
 from tokenq.shared import keys
+from tokenq.shared.schema_budget import GrammarBudget, estimate
 from tokenq.shared.settings import Settings
 
 CRASHER = {"type": "string", "maxLength": 20000}
@@ -53,6 +54,10 @@ HOSTILE: list[tuple[str, dict[str, Any]]] = [
     ("many properties", {"type": "object",
                          "properties": {f"p{i}": {"type": "string"} for i in range(3000)}}),
     ("remote $ref", {"$ref": "http://169.254.169.254/latest/meta-data"}),
+    # 34 characters, every count far under the budget: one token through it did not
+    # finish within 20 s, on the engine's thread (shared/pattern_states.py)
+    ("nested regex repeats", {"type": "string", "pattern": "^(((a{0,20}){0,20}){0,20})$"}),
+    ("nullable regex repeat", {"type": "string", "pattern": "^(a?){0,1000}$"}),
     ("size adds up", {"type": "object", "properties": {
         f"p{i}": {"type": "string", "maxLength": 1000} for i in range(40)}}),
 ]
@@ -188,8 +193,9 @@ def test_real_llamacpp_worker_killed_by_a_grammar_is_not_retried(tmp_path: Path)
         st.stop()
 
 
-def probe(schema: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tests.faults.grammar_crash", json.dumps(schema)],
+def probe(schema: dict[str, Any], text: str | None = None) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "tests.faults.grammar_crash", json.dumps(schema)]
+    return subprocess.run([*argv, *([text] if text is not None else [])],
                           capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parents[2])
 
@@ -203,6 +209,23 @@ def test_llamacpp_compiles_schemas_at_the_budget(schema: dict[str, Any]) -> None
     """The budgets' edge compiles on the real llama.cpp (in a subprocess)."""
     got = probe(schema)
     assert got.returncode == 0, (got.returncode, got.stdout[-500:], got.stderr[-2000:])
+
+
+@pytest.mark.parametrize(("pattern", "text"), [
+    ("^(((a{1,4}){1,4}){1,4})$", "a" * 64), ("^((a?){0,8})$", "a" * 8),
+    ("^((a{1,10}){1,10})$", "a" * 60), ("^(a|b?){0,5}$", "abab"),
+])
+def test_patterns_at_the_state_budget_sample_tokens_in_milliseconds(pattern: str,
+                                                                     text: str) -> None:
+    """Just under the pattern's state budget (256), a token through the grammar on the real
+    llama.cpp takes a few milliseconds (1.4, 0.3, 1.0, 0.1 ms measured); the bound here is
+    loose on purpose. Past it, `^(((a{1,10}){1,10}){1,10})$` took ~150 ms a token."""
+    schema = {"type": "string", "pattern": pattern}
+    estimate(schema, GrammarBudget())  # within the budget
+    got = probe(schema, '"' + text)
+    assert got.returncode == 0, (got.returncode, got.stdout[-500:], got.stderr[-2000:])
+    slowest = float(got.stdout.split("slowest token ")[1].split()[0])
+    assert slowest < 0.5, (pattern, slowest)
 
 
 def test_llamacpp_crashes_past_the_budget() -> None:

@@ -36,6 +36,8 @@ def test_within_budget(schema: dict[str, Any]) -> None:
     ({"type": "string", "pattern": "a" * 600}, "pattern"),
     ({"enum": list(range(300))}, "enum"),
     ({"$ref": "https://example.com/schema.json"}, "$ref"),
+    ({"type": "string", "pattern": "^(((a{0,20}){0,20}){0,20})$"}, "pattern"),
+    ({"properties": {"p": {"pattern": "x)((a?){0,40})"}}}, "properties/p/pattern"),
     ({"properties": {f"p{i}": {"maxLength": 1000} for i in range(25)}}, ""),
 ])
 def test_over_budget(schema: dict[str, Any], where: str) -> None:
@@ -56,3 +58,30 @@ def test_zero_lifts_a_budget() -> None:
     lifted = budget_of(Settings(api={"schema_max_repeat": 0, "schema_max_grammar": 0}))
     assert estimate({"type": "string", "maxLength": 20000}, lifted) > 20000
     assert budget_of(Settings()) == GrammarBudget()
+
+
+@pytest.mark.parametrize(("pattern", "ok"), [
+    ("^(((a{0,20}){0,20}){0,20})$", False),  # an outside tester's: froze a worker
+    ("^((a{0,30}){0,30})$", False),  # ~1 s a token measured
+    ("^(((a{1,10}){1,10}){1,10})$", False),  # ~150 ms a token
+    ("^(a?){0,1000}$", False),  # nullable body: any repetition may be empty
+    ("^(a{0,2}){0,100}$", False),  # ~3 s a token
+    ("^a{0,1000}$", True),  # one reading however long
+    ("^((a*)*)*$", True),  # unbounded repeats are one recursive rule each
+    ("^([0-9]{1,3}\\.){3}[0-9]{1,3}$", True),
+    ("^[A-Z]{2}[0-9]{2}[A-Z0-9]{1,30}$", True),
+    ("^(cat|dog|bird){1,10}$", True),
+    ("^(?:[a-z0-9]+(?:-[a-z0-9]+)*)$", True),
+    ("((((", True), ("[", True), ("a{", True),  # unreadable: the compiler's to refuse
+])
+def test_pattern_states(pattern: str, ok: bool) -> None:
+    """Nested repetitions over variable-length parts multiply the grammar's states; the
+    counts alone (each far under max_repeat) do not show it."""
+    schema = {"type": "string", "pattern": pattern}
+    if ok:
+        assert estimate(schema, B) > 0
+    else:
+        with pytest.raises(SchemaOverBudget, match="grammar states"):
+            estimate(schema, B)
+    lifted = budget_of(Settings(api={"schema_max_pattern_states": 0}))
+    assert estimate(schema, lifted) > 0
