@@ -28,6 +28,7 @@ from tokenq.api.openai.tools import render as render_tools
 from tokenq.api.openai.tools import validate as validate_tools
 from tokenq.shared import schema_budget, webhook_policy
 from tokenq.shared.jobs import dumps
+from tokenq.shared.json_grammar import schema_gbnf
 from tokenq.shared.schema_budget import GrammarBudget, SchemaOverBudget, nesting
 from tokenq.shared.schemas import (
     JobRequest,
@@ -166,6 +167,8 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
                             schema_budget.budget_of(s))
     pin = placement.check_pin(base, cfg, req.backend)
     backend = select_backend(cfg)
+    if params.json_schema is not None and backend == "llama":
+        await _check_gbnf(state, tenant, params.json_schema)
     context = cfg.context_length(backend)
     if req.input is not None:
         return await _prepare_embedding(state, tenant, req, base, cfg, context, params)
@@ -216,6 +219,18 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
         fields["adapter_version"] = str(adapter.id)
     return Prepared(base, req.priority, n_prompt, fields, params.max_tokens, pin,
                     req.ttft_budget_ms)
+
+
+async def _check_gbnf(state: AppState, tenant: str, schema: dict[str, Any]) -> None:
+    """A llama.cpp worker turns the schema into a grammar with llama-cpp-python's converter
+    (shared/json_grammar.py); what it cannot convert (a pattern without ^...$, a $ref to
+    nowhere) is a 400 here, not a job failed on the worker. On the CPU pool: a schema at
+    the budgets' edge takes milliseconds to convert."""
+    try:
+        await state.counter.pool.run(tenant, schema_gbnf, schema)
+    except ValueError as exc:
+        raise InvalidRequest(f"response_format.json_schema.schema: {exc}",
+                             param="response_format") from exc
 
 
 def stored_request(req: JobRequest) -> str:

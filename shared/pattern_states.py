@@ -74,8 +74,8 @@ class _Walk:
                     lengths.pop() if len(lengths) == 1 else None)
 
     def sequence(self, depth: int) -> Node:
-        states, nullable, length = 0, True, 0
-        count = 0
+        states, nullable, count = 0, True, 0
+        length: int | None = 0
         while self.i < len(self.p) and self.p[self.i] not in "|)":
             item = self.quantified(self.atom(depth))
             states += item.states

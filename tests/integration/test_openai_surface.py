@@ -65,6 +65,36 @@ def test_response_format_on_completions(oai: openai.OpenAI) -> None:
     jsonschema.validate(json.loads(out.choices[0].text), schema)
 
 
+def test_schemas_llama_cpp_cannot_convert_are_refused_and_recursive_ones_run(
+        oai: openai.OpenAI, stack_redis: redis.Redis) -> None:
+    """A pattern without ^...$ used to be accepted and the job failed on the worker; a
+    pydantic recursive model (a root $ref) the same; `\\d` and `\\.` did not compile."""
+    def fmt(schema: dict[str, object]) -> dict[str, object]:
+        return {"response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "s", "schema": schema}}}
+
+    before = checks.job_records(stack_redis)
+    for schema in ({"type": "string", "pattern": "[a-z]+"},
+                   {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}):
+        with pytest.raises(openai.BadRequestError) as err:
+            oai.completions.create(model=SMOL, prompt="x", max_tokens=4, extra_body=fmt(schema))
+        assert err.value.body["param"] == "response_format", err.value.body  # type: ignore[index]
+    assert checks.job_records(stack_redis) == before
+    node = {"$defs": {"Node": {"type": "object", "required": ["name", "kids"],
+                               "additionalProperties": False,
+                               "properties": {"name": {"type": "string", "maxLength": 8},
+                                              "kids": {"type": "array", "maxItems": 1,
+                                                       "items": {"$ref": "#/$defs/Node"}}}}},
+            "$ref": "#/$defs/Node"}
+    phone = {"type": "object", "required": ["phone"], "additionalProperties": False,
+             "properties": {"phone": {"type": "string", "pattern": r"^\d{3}\.\d{4}$"}}}
+    for schema, prompt in ((node, "A family tree as JSON:"), (phone, "A phone number as JSON:")):
+        out = oai.completions.create(model=SMOL, prompt=prompt, max_tokens=96, temperature=0,
+                                     extra_body=fmt(schema))
+        if out.choices[0].finish_reason == "stop":
+            jsonschema.validate(json.loads(out.choices[0].text), schema)
+
+
 def test_unknown_fields_are_ignored(client: httpx.Client) -> None:
     resp = client.post("/v1/completions", json={
         "model": SMOL, "prompt": "Hi", "max_tokens": 2, "no_such_field": {"x": 1},

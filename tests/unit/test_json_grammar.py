@@ -1,12 +1,19 @@
 """The JSON-schema grammar llama.cpp workers compile: llama-server's string rule over
-llama-cpp-python's converter (workers/engines/json_grammar.py)."""
+llama-cpp-python's converter (shared/json_grammar.py)."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tokenq.cli.transcripts import SUMMARY_SCHEMA
-from tokenq.workers.engines.json_grammar import CHAR_RULE, schema_gbnf
+from tokenq.shared.json_grammar import CHAR_RULE, pattern_classes, schema_gbnf
 
 
 def rules(gbnf: str) -> dict[str, str]:
@@ -75,3 +82,52 @@ def test_a_raw_newline_inside_a_string_is_refused() -> None:
     finally:
         ll.llama_sampler_free(grammar)
         vocab.close()
+
+
+NODE = {"$defs": {"Node": {"type": "object", "title": "Node", "required": ["v", "kids"],
+                           "properties": {"v": {"type": "integer"},
+                                          "kids": {"type": "array",
+                                                   "items": {"$ref": "#/$defs/Node"}}}}},
+        "$ref": "#/$defs/Node"}  # what pydantic writes for a recursive model
+
+
+@pytest.mark.parametrize(("pattern", "written"), [
+    (r"^\d{3}-\d{4}$", "^[0-9]{3}-[0-9]{4}$"),
+    (r"^[\d.]+$", "^[0-9.]+$"),
+    (r"^\w+\s\W$", r"^[0-9A-Za-z_]+[ \t\n\r][^0-9A-Za-z_]$"),
+    (r"^(\d{1,3}\.){3}\d{1,3}$", r"^([0-9]{1,3}[\x2E]){3}[0-9]{1,3}$"),
+    (r"^[\w\-]+$", r"^[0-9A-Za-z_\x2D]+$"),
+    (r"^a\\d$", r"^a[\x5C]d$"),  # an escaped backslash, then a plain d
+    (r"^\x41\t$", r"^\x41\t$"),  # escapes GBNF knows stay
+])
+def test_pattern_escapes_become_classes_llama_cpp_parses(pattern: str, written: str) -> None:
+    assert pattern_classes(pattern) == written
+
+
+@pytest.mark.parametrize(("schema", "why"), [
+    ({"type": "string", "pattern": "[a-z]+"}, "must start with"),
+    ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "points only at itself"),
+    ({"$ref": "#/$defs/missing"}, "points at nothing"),
+])
+def test_what_the_converter_cannot_take_is_a_value_error(schema: dict[str, Any],
+                                                         why: str) -> None:
+    """The API answers these with a 400 before enqueueing (api/admission.py); they used
+    to reach the worker as an AssertionError or a KeyError and fail the job there."""
+    with pytest.raises(ValueError, match=why):
+        schema_gbnf(schema)
+
+
+@pytest.mark.parametrize(("schema", "text"), [
+    (NODE, '{"v": 1, "kids": [{"v": 2, "kids": []}]}'),
+    ({"type": "string", "pattern": r"^(\d{1,3}\.){3}\d{1,3}$"}, '"192.168.10.200"'),
+    ({"type": "string", "pattern": r"^[\w.\-]+@[\w\-]+\.[a-z]{2,}$"}, '"j.doe@ex-ample.com"'),
+    ({"type": "string", "pattern": r"^\(\d{3}\) \d{3}-\d{4}$"}, '"(555) 123-4567"'),
+], ids=["recursive", "ip", "email", "phone"])
+def test_llama_cpp_compiles_them_and_takes_a_matching_text(schema: dict[str, Any],
+                                                           text: str) -> None:
+    """Each failed to compile before (a KeyError; llama.cpp's "unknown escape")."""
+    got = subprocess.run([sys.executable, "-m", "tests.faults.grammar_crash", json.dumps(schema),
+                          text], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert got.returncode == 0, (got.stdout[-500:], got.stderr[-1500:])
+    assert "slowest token" in got.stdout

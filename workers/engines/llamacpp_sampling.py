@@ -35,7 +35,7 @@ import numpy as np
 from tokenq.shared.schemas import SamplingParams
 from tokenq.shared.vocab import Vocab
 from tokenq.workers.engines import logprobs
-from tokenq.workers.engines.json_grammar import schema_gbnf
+from tokenq.shared.json_grammar import schema_gbnf
 
 # Tokens the repetition/frequency/presence penalties look back over (llama-server's
 # default window).
