@@ -172,7 +172,7 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
     context = cfg.context_length(backend)
     if req.input is not None:
         return await _prepare_embedding(state, tenant, req, base, cfg, context, params)
-    if params.max_tokens >= context:
+    if req.max_tokens is not None and params.max_tokens >= context:
         raise ContextLengthExceeded(
             f"max_tokens={params.max_tokens} does not fit this model's context of {context}",
             param="max_tokens")
@@ -191,10 +191,15 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
     except Exception as exc:
         raise InvalidRequest(f"could not apply the chat template: {exc}",
                              param="messages") from exc
+    if n_prompt == 0:  # `prompt: ""` on a model that adds no BOS: nothing to decode
+        raise InvalidRequest("the prompt is empty: it has no tokens for this model",
+                             param="prompt")
     n_vocab = await state.counter.n_vocab(base, cfg)
     if params.logit_bias and n_vocab is not None and max(params.logit_bias) >= n_vocab:
         raise InvalidRequest(f"logit_bias: token ids are below this model's vocabulary size "
                              f"{n_vocab}", param="logit_bias")
+    if n_prompt + params.max_tokens > context and req.max_tokens is None and n_prompt < context:
+        params.max_tokens = context - n_prompt  # the default, cut to what is left (as vLLM)
     if n_prompt + params.max_tokens > context:
         raise ContextLengthExceeded(
             f"this model's context is {context} tokens; the prompt has {n_prompt} and "

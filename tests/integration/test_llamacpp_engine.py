@@ -89,6 +89,26 @@ def test_batched_text_equals_text_alone(engine: tuple[LlamaCppEngine, Collector]
     assert eng.stats().running == 0
 
 
+def test_an_empty_prompt_ends_at_once_and_alone(engine: tuple[LlamaCppEngine, Collector]) -> None:
+    """`prompt: ""` is no token on SmolLM2 (no BOS). It used to sit in its slot until it was
+    the only job left, then llama_decode got an empty batch (-1) and the engine failed every
+    job it held. Now it ends at admission with `bad_request`; the job beside it is exact."""
+    eng, col = engine
+    eng.submit(request("ref-e", PROMPTS[0], max_tokens=40))
+    col.wait(["ref-e"])
+    eng.submit(request("long-e", PROMPTS[0], max_tokens=40))
+    eng.submit(EngineRequest(job_id="empty", attempt=1, prompt="",
+                             params=request("empty", "").params))
+    col.wait(["empty"], timeout=30)
+    assert "long-e" not in col.finished  # it ended first, while the other still ran
+    assert (col.finished["empty"].reason, col.finished["empty"].error_code) == ("error",
+                                                                                "bad_request")
+    col.wait(["long-e"])
+    assert col.finished["long-e"].reason == "length"
+    assert col.output("long-e") == col.output("ref-e")
+    assert eng.stats().running == 0
+
+
 def test_cancel_one_leaves_the_others_exact(engine: tuple[LlamaCppEngine, Collector]) -> None:
     eng, col = engine
     expected = {}

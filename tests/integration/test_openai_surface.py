@@ -95,6 +95,39 @@ def test_schemas_llama_cpp_cannot_convert_are_refused_and_recursive_ones_run(
             jsonschema.validate(json.loads(out.choices[0].text), schema)
 
 
+def test_an_empty_prompt_is_a_400_and_enqueues_nothing(client: httpx.Client,
+                                                         stack_redis: redis.Redis) -> None:
+    """It was a 202 and then an engine error (a 500 on /v1/completions)."""
+    before = checks.job_records(stack_redis)
+    for path in ("/v1/completions", "/v1/jobs"):
+        resp = client.post(path, json={"model": SMOL, "prompt": "", "max_tokens": 4})
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["param"] == "prompt"
+    assert checks.job_records(stack_redis) == before
+
+
+def test_the_default_max_tokens_is_cut_to_the_context_left(client: httpx.Client,
+                                                           oai: openai.OpenAI) -> None:
+    """A request that does not set max_tokens gets what its context has left (vLLM does
+    the same) rather than a 400 naming a max_tokens it never sent; an explicit one that
+    does not fit is still a 400."""
+    context = oai.models.retrieve(SMOL).max_model_len  # type: ignore[attr-defined]
+    def count(text: str) -> int:
+        return int(client.post("/tokenize", json={"model": SMOL, "prompt": text}).json()["count"])
+
+    chunk = "one two three four five six seven eight nine ten "
+    prompt = chunk * ((context - 40) * 20 // count(chunk * 20))
+    n, words = count(prompt), chunk.split()
+    while n < context - 8:  # a word at a time up to a few tokens short of the context
+        prompt += words[n % 10] + " "
+        n = count(prompt)
+    assert n < context
+    out = oai.completions.create(model=SMOL, prompt=prompt, temperature=0)
+    assert out.usage is not None and out.usage.completion_tokens <= context - n
+    with pytest.raises(openai.BadRequestError):
+        oai.completions.create(model=SMOL, prompt=prompt, max_tokens=64)
+
+
 def test_unknown_fields_are_ignored(client: httpx.Client) -> None:
     resp = client.post("/v1/completions", json={
         "model": SMOL, "prompt": "Hi", "max_tokens": 2, "no_such_field": {"x": 1},

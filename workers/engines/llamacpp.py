@@ -271,7 +271,8 @@ class LlamaCppEngine:
                 continue
             tokens = prompt + req.resume_token_ids
             done = len(req.resume_token_ids) >= req.params.max_tokens  # stopped at its last token
-            if done or len(tokens) + 1 > self.n_ctx_seq:
+            # no tokens at all (`prompt: ""`, no BOS; the API refuses it): nothing to decode
+            if done or not tokens or len(tokens) + 1 > self.n_ctx_seq:
                 sampler.free()
                 self.lora.release(group)
                 resumed = len(req.resume_token_ids)
@@ -279,7 +280,8 @@ class LlamaCppEngine:
                     Finished(req.job_id, req.attempt, "length", len(prompt), resumed)
                     if resumed else Finished(
                         req.job_id, req.attempt, "error", len(prompt), 0,
-                        "context_length_exceeded", f"prompt has {len(prompt)} tokens; this "
+                        "context_length_exceeded" if tokens else "bad_request",
+                        f"prompt has {len(prompt)} tokens; this "
                         f"worker's context is {self.n_ctx_seq}"))
                 continue
             # cache_prompt false: a fresh prefill (no cached prefix, no sibling's KV), so a
