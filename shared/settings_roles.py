@@ -157,6 +157,10 @@ class WorkerSettings(BaseModel):
     # so its supervisor (tokenq up, Kubernetes, compose's restart policy) decides what
     # next; its jobs' leases have expired by then and other workers took them. 0: never.
     redis_give_up_s: float = Field(default=300.0, ge=0)
+    # A job's grammar (structured output) that llama.cpp has applied this long without
+    # returning has stalled its engine's thread and every job on it: the worker marks that
+    # job poison (failed, not retried) and exits, handing the others back. 0: never.
+    grammar_stall_s: float = Field(default=60.0, ge=0)
 
     # Preemption (workers/preempt.py): while a job waits in a higher lane (high over normal
     # over low) and every slot of this worker is taken, running jobs of a lower lane are

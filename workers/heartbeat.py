@@ -101,6 +101,17 @@ class Heartbeat:
         """Leave the pool: /ready and the slot counts stop counting this worker at once."""
         self.r.hdel(keys.WORKERS, self.worker_id)
 
+    def stalled_grammars(self) -> list[tuple[str, int]]:
+        """(job, attempt) of each job whose grammar llama.cpp has applied for longer than
+        `grammar_stall_s` without returning: its engine's thread, and every job on it, is
+        stuck there, and no cancel reaches into that call (runtime.py marks them poison)."""
+        limit = self.settings.worker.grammar_stall_s
+        busy = getattr(self.engine, "grammar_busy", None)
+        if not limit or busy is None:
+            return []
+        now = time.monotonic()
+        return [(job, attempt) for job, attempt, since in busy() if now - since > limit]
+
     def _run(self) -> None:
         s = self.settings
         last = reached = time.monotonic()
@@ -110,7 +121,7 @@ class Heartbeat:
                 log.warning("heartbeat %.1f s late (process or machine stalled); leases may "
                             "have expired", now - last - s.worker.heartbeat_s)
             last = now
-            if not self.engine.healthy():
+            if not self.engine.healthy() or self.stalled_grammars():
                 self.on_engine_died()
                 return
             try:

@@ -154,7 +154,14 @@ class WorkerRuntime:
         """The engine cannot serve again: leave /ready at once (no more heartbeats), let the
         task threads hand their jobs back, and stop the process so a supervisor starts a
         fresh one (`tokenq up` restarts workers; in k8s the pod restarts)."""
-        log.error("worker %s: the %s engine died; leaving the pool", self.worker_id,
+        for job_id, attempt in self.heartbeat.stalled_grammars():
+            log.error("job %s: llama.cpp has applied its grammar for over %.0f s; failing it "
+                      "as poison", job_id, self.settings.worker.grammar_stall_s)
+            try:  # the next acquire fails it, not retried (leasing.lua, `grammar_probe`)
+                self.store.mark_grammar(job_id, attempt)
+            except redis.RedisError:
+                log.exception("job %s: grammar mark not written", job_id)
+        log.error("worker %s: the %s engine died or stalled; leaving the pool", self.worker_id,
                   self.engine.backend)
         self.engine_dead.set()
         self.publisher.wake_all()  # each task thread hands its job back

@@ -215,7 +215,7 @@ def wait(rt: WorkerRuntime, job_id: str, attempt: int, handle: JobHandle) -> str
         handle.nudge.clear()  # what set it was written before: the looks below see it
         if handle.done.is_set():
             break
-        if not rt.engine.healthy():
+        if rt.engine_dead.is_set() or not rt.engine.healthy():  # (dead, or stalled in C)
             # Not the job's fault: another worker continues it from its tokens.
             log.error("job %s: the engine died; handing the job back", job_id)
             rt.drainer.hand_back(job_id, attempt)

@@ -26,10 +26,11 @@ local function lease_job(job_key, events_key, lease_key, running_key, worker, le
     return {'expired'}
   end
   -- A worker died compiling this job's grammar (workers/tasks.py guard_grammar marks the
-  -- job meanwhile): the job is poison, failed here rather than killing the next worker.
+  -- job meanwhile), or stalled applying it (workers/runtime.py marks it): the job is
+  -- poison, failed here rather than killing or stalling the next worker.
   local probe = redis.call('HGET', job_key, 'grammar_probe')
   if probe then
-    fail('failed', 'grammar_crashed', 'the worker died while compiling the grammar of this ' ..
+    fail('failed', 'grammar_crashed', 'the worker died or stalled in the grammar of this ' ..
          "job's JSON schema (attempt " .. probe .. '); the job is not retried')
     return {'poison'}
   end

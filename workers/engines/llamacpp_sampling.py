@@ -25,17 +25,18 @@ from __future__ import annotations
 import ctypes
 import math
 import random
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import llama_cpp as ll
 import numpy as np
 
+from tokenq.shared.json_grammar import schema_gbnf
 from tokenq.shared.schemas import SamplingParams
 from tokenq.shared.vocab import Vocab
 from tokenq.workers.engines import logprobs
-from tokenq.shared.json_grammar import schema_gbnf
 
 # Tokens the repetition/frequency/presence penalties look back over (llama-server's
 # default window).
@@ -93,6 +94,7 @@ class Sampler:
         self.n_vocab = n_vocab
         self.chain = self._chain(n_vocab, p)
         self.grammar: Any = None
+        self.grammar_since: float | None = None  # applying the grammar since (monotonic)
         if p.json_schema is not None:
             try:
                 self.grammar = compile_grammar(vocab, p.json_schema)
@@ -174,10 +176,12 @@ class Sampler:
         if self.grammar is None:
             return int(ll.llama_sampler_sample(self.chain, ctx, row))
         logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, row), shape=(self.n_vocab,))
+        self.grammar_since = time.monotonic()  # the worker's heartbeat watches it
         tok = self._pick(logits, with_grammar=False)
         if not self._allowed(tok):  # the rare slow path: constrain the whole vocabulary
             tok = self._pick(logits, with_grammar=True)
         ll.llama_sampler_accept(self.grammar, tok)
+        self.grammar_since = None
         ll.llama_sampler_accept(self.chain, tok)
         return tok
 
