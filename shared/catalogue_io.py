@@ -41,8 +41,21 @@ def get_entry(r: redis.Redis, name: str) -> CatalogueEntry | None:
 
 
 def entries(r: redis.Redis) -> dict[str, CatalogueEntry]:
-    raw: dict[str, str] = r.hgetall(CATALOGUE)  # type: ignore[assignment]
-    return {n: CatalogueEntry.model_validate_json(v) for n, v in sorted(raw.items())}
+    return parse_entries(r.hgetall(CATALOGUE))  # type: ignore[arg-type]
+
+
+def parse_entries(raw: dict[str, str]) -> dict[str, CatalogueEntry]:
+    """The catalogue's entries; one an older tokenq wrote that this one's bounds refuse
+    (a spec's n_ctx of -5) is left out, with an error logged, not a reader that fails
+    on every later read (the API's poll, every worker's)."""
+    out = {}
+    for name, value in sorted(raw.items()):
+        try:
+            out[name] = CatalogueEntry.model_validate_json(value)
+        except ValueError as exc:
+            log.error("model %r: its catalogue entry is not valid here, left out: %s", name,
+                      exc)
+    return out
 
 
 def version(r: redis.Redis) -> int:

@@ -15,6 +15,9 @@ BACKENDS = ("auto", "llama", "vllm", "fake")
 # A pool's name (the part after `@` in its queues' and workers' names: `{model}@{pool}`).
 POOL_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 POOL_SEP = "@"
+# The least context (tokens) one job of a model may have: n_ctx // n_parallel on llama.cpp,
+# max_model_len on vLLM.
+MIN_CTX = 16
 
 
 def split_pool(name: str) -> tuple[str, str | None]:
@@ -46,13 +49,15 @@ class ModelConfig(BaseModel):
     chat_template: str | None = None
     embedding: bool = False
     # llama.cpp (names as in llama-server): n_ctx is the whole KV cache, shared by
-    # n_parallel slots, so one job's context is n_ctx // n_parallel.
-    n_ctx: int = 16384
-    n_parallel: int = 8
-    n_batch: int = 2048  # llama-server's -b: a burst of prompts goes in one step
-    n_ubatch: int = 512
-    n_threads: int | None = None
-    n_gpu_layers: int = 0
+    # n_parallel slots, so one job's context is n_ctx // n_parallel (at least MIN_CTX:
+    # checked below). The sizes are bounded here, so a models file and a load request
+    # (POST /v1/models) are refused alike, not served with a context no job fits.
+    n_ctx: int = Field(default=16384, ge=MIN_CTX)
+    n_parallel: int = Field(default=8, ge=1)
+    n_batch: int = Field(default=2048, ge=1)  # llama-server's -b: a burst of prompts in one step
+    n_ubatch: int = Field(default=512, ge=1)
+    n_threads: int | None = Field(default=None, ge=1)  # None: the cores this process may use
+    n_gpu_layers: int = Field(default=0, ge=-1)  # -1: all of them (llama.cpp's rule)
     # llama-server's -fa: None = auto (on where the backend has it for this model, as on
     # CPU; an 8-stream Gemma 3 270M step ~5% faster), True = on, False = off.
     flash_attn: bool | None = None
@@ -92,10 +97,10 @@ class ModelConfig(BaseModel):
     # decode step. Costs the engine one Redis round trip per job.
     first_token_flush_ms: float = Field(default=20.0, ge=0.0)
     # vLLM (names as in vLLM)
-    gpu_memory_utilization: float = 0.9
-    tensor_parallel_size: int = 1
-    max_model_len: int | None = None
-    max_num_seqs: int = 16
+    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    max_model_len: int | None = Field(default=None, ge=MIN_CTX)
+    max_num_seqs: int = Field(default=16, ge=1)
     quantization: str | None = None
     dtype: str = "auto"
     enable_prefix_caching: bool = True
@@ -123,16 +128,16 @@ class ModelConfig(BaseModel):
     # memory and some speed). max_loras: adapters in one batch; max_lora_rank: the largest
     # rank accepted; max_cpu_loras: adapters kept loaded (None: vLLM's default).
     enable_lora: bool = False
-    max_loras: int = 4
-    max_lora_rank: int = 16
-    max_cpu_loras: int | None = None
-    # sampling defaults
-    temperature: float = 0.7
-    top_p: float = 0.95
-    top_k: int = 40
+    max_loras: int = Field(default=4, ge=1)
+    max_lora_rank: int = Field(default=16, ge=1)
+    max_cpu_loras: int | None = Field(default=None, ge=1)
+    # sampling defaults (the bounds a request's own values have: shared/schemas.JobRequest)
+    temperature: float = Field(default=0.7, ge=0.0, le=2.0)
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
+    top_k: int = Field(default=40, ge=-1)  # 0 (or vLLM's -1): off
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    max_tokens: int = 256
-    repeat_penalty: float = 1.0
+    max_tokens: int = Field(default=256, ge=1)
+    repeat_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
     # Tool calling: how the model writes tool calls. `generic`: the tools and the reply
     # shape are described in a system message and decoding is constrained to
     # {"tool_calls": [...]} or {"response": "..."} (llama-server's handler for templates
@@ -144,7 +149,7 @@ class ModelConfig(BaseModel):
     # Stop strings added to every request for this model (e.g. turn markers of a base model).
     stop: list[str] = Field(default_factory=list)
     # backend `fake`: tokens per second per job (every running job gets one per step).
-    fake_tokens_per_s: float = 50.0
+    fake_tokens_per_s: float = Field(default=50.0, gt=0.0)
     # Placement (docs/scheduling.md): a model served by several pools at once, each a
     # backend with its own knobs over this entry's, by pool name, e.g.
     # {"gpu": {"backend": "vllm"}, "cpu": {"backend": "llama", "path": "m.gguf"}}. Each job
@@ -170,6 +175,10 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _path_for_file(self) -> ModelConfig:
+        if self.n_ctx // self.n_parallel < MIN_CTX:
+            raise ValueError(f"n_ctx {self.n_ctx} over n_parallel {self.n_parallel} slots leaves "
+                             f"{self.n_ctx // self.n_parallel} tokens per job; at least "
+                             f"{MIN_CTX}")
         if self.source in ("file", "hf") and not self.path and self.backend != "fake":
             raise ValueError(f"a model with source {self.source!r} needs a 'path'")
         if self.source == "hf" and self.backend == "llama":

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from tokenq.shared.lora_registry import AdapterRef
 
@@ -38,6 +39,14 @@ def _bias_entries(v: dict[str, float]) -> dict[str, float]:
 
 # OpenAI's shape: token id (as a string) -> bias in [-100, 100]; at most 300 entries.
 LogitBias = Annotated[dict[str, float], Field(max_length=300), AfterValidator(_bias_entries)]
+
+
+def no_empty_texts(texts: list[str]) -> list[str]:
+    """Embedding inputs: an empty one is refused naming its index (not a context error)."""
+    for i, text in enumerate(texts):
+        if not text:
+            raise PydanticCustomError("value_error", "input[{i}] is empty", {"i": i})
+    return texts
 
 
 class ToolCallFunction(BaseModel):
@@ -177,7 +186,8 @@ class JobRequest(BaseModel):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     # An embedding job (an `embedding: true` model): the texts to embed.
-    input: list[str] | None = Field(default=None, min_length=1, max_length=MAX_EMBED_INPUTS)
+    input: Annotated[list[str], AfterValidator(no_empty_texts)] | None = Field(
+        default=None, min_length=1, max_length=MAX_EMBED_INPUTS)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)

@@ -71,6 +71,7 @@ class Vocab(ChatRenderer):
         self.n_embd = int(ll.llama_model_n_embd(model)) or int(
             self._meta(f"{self._meta('general.architecture')}.embedding_length") or 0)
         self._pieces: dict[int, bytes] = {}
+        self._lp_pieces: dict[int, bytes] = {}
         tmpl = ll.llama_model_chat_template(model, None)
         self.chat_template = cfg.chat_template or (tmpl.decode() if tmpl else None)
         self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
@@ -123,6 +124,14 @@ class Vocab(ChatRenderer):
         if any(t < 0 or t >= self.n_vocab for t in tokens):
             raise ValueError(f"token ids are in [0, {self.n_vocab})")
         return b"".join(self._special_piece(t) for t in tokens).decode(errors="replace")
+
+    def logprob_piece(self, tok: int) -> bytes:
+        """A token's bytes as logprobs show it: a special token (`<|im_end|>`) as its text,
+        as vLLM shows it, where `piece` (the generated text's) has it empty (cached)."""
+        cached = self._lp_pieces.get(tok)
+        if cached is None:
+            cached = self._lp_pieces[tok] = self._special_piece(tok)
+        return cached
 
     def _special_piece(self, tok: int) -> bytes:
         buf = ctypes.create_string_buffer(64)

@@ -15,13 +15,13 @@ from typing import Any, Literal
 import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tokenq.api import service
 from tokenq.api.deps import AppState
 from tokenq.api.errors import InvalidRequest
 from tokenq.api.openai import serving
-from tokenq.shared.schemas import MAX_EMBED_INPUTS, JobRequest, Priority
+from tokenq.shared.schemas import MAX_EMBED_INPUTS, JobRequest, Priority, no_empty_texts
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,13 @@ class EmbeddingRequest(BaseModel):
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
     priority: Priority | None = None  # tokenq's
+
+    @field_validator("input")
+    @classmethod
+    def _no_empty(cls, v: str | list[str]) -> str | list[str]:
+        # an empty text would reach admission as a context-length error; a single empty
+        # string is refused by min_length
+        return no_empty_texts(v) if isinstance(v, list) else v
 
     @model_validator(mode="after")
     def _inputs(self) -> EmbeddingRequest:

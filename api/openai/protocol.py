@@ -11,9 +11,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from tokenq.api.errors import InvalidRequest
 from tokenq.api.openai.tool_parsers import tool_calls
@@ -38,9 +47,13 @@ ChatEndpoint = "/v1/chat/completions"
 CompletionEndpoint = "/v1/completions"
 ENDPOINTS = (ChatEndpoint, CompletionEndpoint)
 MAX_N = 8
+# Optional flags OpenAI types boolean-or-null: an explicit null (the SDK sends
+# `"stream": null` as given) is the default, as vLLM reads it; the value stays a bool.
+FalseIfNull = Annotated[bool, BeforeValidator(lambda v: False if v is None else v)]
+TrueIfNull = Annotated[bool, BeforeValidator(lambda v: True if v is None else v)]
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: FalseIfNull = False
 
 class _Common(BaseModel):
     # vLLM's way: accept unknown fields, ignore them and say so in the log.
@@ -59,7 +72,7 @@ class _Common(BaseModel):
     seed: Seed | None = None
     # Choices: n sibling jobs on the same prompt (see serving.py).
     n: int | None = Field(default=1, ge=1, le=MAX_N)
-    stream: bool = False
+    stream: FalseIfNull = False
     stream_options: StreamOptions | None = None
     logit_bias: LogitBias | None = None
     user: str | None = None
@@ -69,6 +82,17 @@ class _Common(BaseModel):
     # tokenq's placement: a pool of the model (its name or backend), a first-token budget
     backend: str | None = Field(default=None, min_length=1, max_length=64)
     ttft_budget_ms: int | None = Field(default=None, ge=1, le=3_600_000)
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_streamed(cls, v: StreamOptions | None, info: ValidationInfo
+                       ) -> StreamOptions | None:
+        # OpenAI's and vLLM's rule (a 400, not silently ignored); `stream` is validated
+        # first (declared before): absent there, it was itself invalid.
+        if v is not None and not info.data.get("stream", True):
+            raise PydanticCustomError("value_error",
+                                      "stream_options can only be set when stream is true")
+        return v
 
     @model_validator(mode="after")
     def _supported(self) -> _Common:
@@ -96,7 +120,7 @@ class ChatCompletionRequest(_Common):
     tools: list[ToolDef] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    logprobs: bool = False
+    logprobs: FalseIfNull = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @model_validator(mode="after")
@@ -119,7 +143,7 @@ class ChatCompletionRequest(_Common):
 
 class CompletionRequest(_Common):
     prompt: str | list[str]
-    echo: bool = False
+    echo: FalseIfNull = False
     suffix: str | None = None
     best_of: int | None = None
     response_format: ResponseFormat | None = None  # vLLM accepts it on completions too

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokenq.api import lora_admin
 from tokenq.api.deps import AppState
 from tokenq.api.errors import InvalidRequest, ModelNotFound, Unavailable
+from tokenq.api.openai.protocol import FalseIfNull, TrueIfNull
 from tokenq.shared.schemas import ChatMessage
 from tokenq.shared.settings import ModelConfig
 from tokenq.shared.weights import select_backend
@@ -34,9 +35,9 @@ class TokenizeRequest(BaseModel):
     model: str = Field(min_length=1)
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
-    add_generation_prompt: bool = True
-    return_token_strs: bool = False
+    add_special_tokens: TrueIfNull = True
+    add_generation_prompt: TrueIfNull = True
+    return_token_strs: FalseIfNull = False
 
 
 class DetokenizeRequest(BaseModel):

@@ -100,6 +100,15 @@ def test_refusals_write_nothing(c: TestClient, r: redis.Redis, tmp_path: Path) -
         {"name": "m1", "model_path": str(junk)},
         {"name": "an-adapter", "model_path": gguf(tmp_path)},
         {"model_path": gguf(tmp_path)},
+        # sizes no job could run with (a negative n_ctx was once a 201, then every job a
+        # 400 "does not fit this model's context of -1")
+        {"name": "m1", "model_path": gguf(tmp_path), "n_ctx": -5},
+        {"name": "m1", "model_path": gguf(tmp_path), "n_ctx": 0},
+        {"name": "m1", "model_path": gguf(tmp_path), "n_parallel": 0},
+        {"name": "m1", "model_path": gguf(tmp_path), "n_threads": -2},
+        {"name": "m1", "model_path": gguf(tmp_path), "n_ctx": 32, "n_parallel": 4},
+        {"name": "m1", "backend": "fake", "max_num_seqs": 0},
+        {"name": "m1", "backend": "fake", "max_tokens": -1},
     ]
     before = r.hgetall(CATALOGUE)
     for body in bad:

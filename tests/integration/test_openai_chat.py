@@ -90,6 +90,27 @@ def test_completions_plain_and_streamed(oai: openai.OpenAI) -> None:
     assert streamed == out.choices[0].text
 
 
+def test_sdk_nulls_and_special_tokens_in_logprobs(oai: openai.OpenAI) -> None:
+    """Flags the SDK sends as null are their defaults; a special token among the
+    alternatives shows as its text (`<|im_end|>`), never "", so none collide."""
+    chat = oai.chat.completions.create(
+        model=SMOL, messages=[{"role": "user", "content": "Reply with one word: yes or no?"}],
+        max_tokens=4, temperature=0, stream=None, logprobs=True, top_logprobs=20,
+        stream_options=None)
+    content = (chat.choices[0].logprobs and chat.choices[0].logprobs.content) or []
+    alternatives = [t for e in content for t in e.top_logprobs]
+    assert content and len(alternatives) == 20 * len(content)
+    assert all(t.token and t.bytes == list(t.token.encode()) for t in alternatives
+               if "\ufffd" not in t.token)
+    assert "<|im_end|>" in {t.token for t in alternatives}
+    assert "<|im_end|>" not in (chat.choices[0].message.content or "")
+    comp = oai.completions.create(model=SMOL, prompt="Q: yes or no?\nA:", max_tokens=2,
+                                  temperature=0, echo=None, stream=None, logprobs=20)
+    lp = comp.choices[0].logprobs
+    assert lp is not None and lp.top_logprobs
+    assert all(len(d) == 20 and "" not in d for d in lp.top_logprobs), lp.top_logprobs
+
+
 SUMMARY_SCHEMA = {
     "type": "object",
     "properties": {
@@ -127,6 +148,7 @@ def test_json_schema_output_validates(oai: openai.OpenAI) -> None:
     ({"n": 99}, openai.BadRequestError),
     ({"logprobs": True, "top_logprobs": 25}, openai.BadRequestError),
     ({"max_tokens": 0}, openai.BadRequestError),
+    ({"stream_options": {"include_usage": True}}, openai.BadRequestError),  # needs stream
     ({"temperature": 5}, openai.BadRequestError),
     ({"messages": []}, openai.BadRequestError),
     ({"response_format": {"type": "json_schema",

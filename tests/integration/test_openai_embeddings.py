@@ -78,6 +78,7 @@ def test_many_inputs_batched(oai: openai.OpenAI) -> None:
     {"input": ["fine", "word " * 300]},
     {"input": []},
     {"input": ""},
+    {"input": ["fine", ""]},  # not a context-length error: input[1] is empty
     {"input": "x", "dimensions": 128},
     {"input": "x", "encoding_format": "int8"},
     {"input": ["x"] * 2049},

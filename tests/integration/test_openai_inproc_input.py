@@ -1,0 +1,70 @@
+"""What the official SDK sends, through the API in-process (no worker): null optional
+flags are accepted, stream_options without stream and an empty embedding input are 400s
+in OpenAI's envelope naming their field, and nothing is enqueued."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from tests.integration.inproc import fake_settings
+from tokenq.api.app import create_app
+from tokenq.shared.redis_server import EmbeddedRedis
+
+MODEL = "fake-inproc"
+MSG = [{"role": "user", "content": "hi"}]
+pytestmark = pytest.mark.usefixtures("r")  # db 15, flushed
+
+
+@pytest.fixture
+def c(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[TestClient]:
+    with TestClient(create_app(fake_settings(redis_server, tmp_path, [MODEL]))) as client:
+        yield client
+
+
+def jobs(r: redis.Redis) -> int:
+    return sum(1 for k in r.scan_iter("tokenq:job:*") if k.count(":") == 2)
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {"messages": MSG, "stream": None, "logprobs": None,
+                              "top_logprobs": None, "parallel_tool_calls": None,
+                              "stream_options": None}),
+    ("/v1/chat/completions", {"messages": MSG, "stream": False, "stream_options": None}),
+    ("/v1/completions", {"prompt": "x", "echo": None, "stream": None,
+                         "stream_options": None}),
+])
+def test_null_flags_pass_validation(c: TestClient, path: str, body: dict[str, Any]) -> None:
+    # an unknown model: the body was read (a refused body would be a 400 naming a field)
+    resp = c.post(path, json={"model": "no-such-model", **body})
+    assert resp.status_code == 404, resp.text
+    assert resp.json()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize(("path", "body", "param", "message"), [
+    ("/v1/chat/completions", {"messages": MSG, "stream_options": {"include_usage": True}},
+     "stream_options", "stream_options can only be set when stream is true"),
+    ("/v1/chat/completions", {"messages": MSG, "stream": False,
+                              "stream_options": {"include_usage": True}},
+     "stream_options", "stream_options can only be set when stream is true"),
+    ("/v1/completions", {"prompt": "x", "stream": None, "stream_options": {}},
+     "stream_options", "stream_options can only be set when stream is true"),
+    ("/v1/embeddings", {"input": ["a", ""]}, "input", "input[1] is empty"),
+    ("/v1/jobs", {"input": ["a", ""]}, "input", "input[1] is empty"),
+])
+def test_refused_naming_the_field(c: TestClient, r: redis.Redis, path: str,
+                                  body: dict[str, Any], param: str, message: str) -> None:
+    before = jobs(r)
+    # an unknown model: refused for the field before the model is looked up (and a
+    # request taken would be a 404 here, never a job that waits for no worker)
+    resp = c.post(path, json={"model": "no-such-model", **body})
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["code"] == "invalid_request"
+    assert err["param"] == param and message in err["message"], err
+    assert jobs(r) == before
