@@ -106,7 +106,8 @@ class PromptCounter:
         vocab = await self._vocab(name, cfg)
         if vocab is None:
             text = prompt or "".join(str(m.get("content", "")) for m in messages or [])
-            return len(text.encode()) // 8  # a lower bound: never rejects a prompt that fits
+            # a lower bound: never rejects a prompt that fits (and a text is a token or more)
+            return -(-len(text.encode()) // 8)
         if light(prompt, messages, tools):
             return len(vocab.tokenize(vocab.render(prompt, messages, tools)))
         return await self.pool.run(tenant, _count, vocab, prompt, messages, tools)

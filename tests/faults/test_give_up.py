@@ -67,6 +67,7 @@ def test_heartbeat_follows_a_changed_address(monkeypatch: pytest.MonkeyPatch,
         monkeypatch.setattr(socket, "gethostbyname", lambda _: ip[0])
         engine = mock.Mock()
         engine.healthy.return_value = True
+        engine.grammar_busy.return_value = []  # no job's grammar running
         engine.stats.return_value = mock.Mock(slots=1, running=0, waiting=0,
                                               kv_cache_usage=0.0, prefix_hit_ratio=0.0,
                                               stopped_steps=0)
