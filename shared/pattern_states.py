@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 
 QUANT = re.compile(r"\{\s*(\d+)\s*(,\s*(\d*)\s*)?\}")
+GROUP_MARK = re.compile(r"\?(?::|=|!|<=|<!|P?<\w*>)?")  # after "(": (?: (?= (?<name> ...
 MAX_GROUP_DEPTH = 64
 
 
@@ -90,9 +91,10 @@ class _Walk:
         c = self.p[self.i]
         self.i += 1
         if c == "(":
-            if self.p.startswith("?", self.i):  # (?:...), (?=...), (?<name>...)
-                close = self.p.find(":", self.i)
-                self.i = close + 1 if close != -1 else self.i + 1
+            # (?:...), (?=...), (?!...), (?<=...), (?<name>...), (?P<name>...): the marks
+            # are skipped, what follows is walked (never skipped past)
+            mark = GROUP_MARK.match(self.p, self.i)
+            self.i = mark.end() if mark else self.i
             inner = self.alternation(depth + 1)
             if self.i < len(self.p) and self.p[self.i] == ")":
                 self.i += 1

@@ -66,6 +66,9 @@ def test_zero_lifts_a_budget() -> None:
     ("^(((a{1,10}){1,10}){1,10})$", False),  # ~150 ms a token
     ("^(a?){0,1000}$", False),  # nullable body: any repetition may be empty
     ("^(a{0,2}){0,100}$", False),  # ~3 s a token
+    ("^(?=b)(((a{0,20}){0,20}){0,20}):$", False),  # a group mark is no place to skip from
+    ("^(?<n>(((a{0,20}){0,20}){0,20}))$", False),
+    ("^(?P<year>[0-9]{4})-(?:[0-9]{2})$", True),
     ("^a{0,1000}$", True),  # one reading however long
     ("^((a*)*)*$", True),  # unbounded repeats are one recursive rule each
     ("^([0-9]{1,3}\\.){3}[0-9]{1,3}$", True),
