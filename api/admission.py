@@ -167,8 +167,6 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
                             schema_budget.budget_of(s))
     pin = placement.check_pin(base, cfg, req.backend)
     backend = select_backend(cfg)
-    if params.json_schema is not None and backend == "llama":
-        await _check_gbnf(state, tenant, params.json_schema)
     context = cfg.context_length(backend)
     if req.input is not None:
         return await _prepare_embedding(state, tenant, req, base, cfg, context, params)
@@ -183,6 +181,8 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
         messages, tools = render_tools(plan, messages)
         params.json_schema = checked_constraint(plan, schema_budget.budget_of(s)) \
             or params.json_schema
+    if params.json_schema is not None and backend == "llama":  # tools' constraint too
+        await _check_gbnf(state, tenant, params.json_schema)
     try:
         n_prompt = await state.counter.count(base, cfg, req.prompt, messages, tools,
                                              tenant=tenant)

@@ -79,6 +79,12 @@ def test_schemas_llama_cpp_cannot_convert_are_refused_and_recursive_ones_run(
         with pytest.raises(openai.BadRequestError) as err:
             oai.completions.create(model=SMOL, prompt="x", max_tokens=4, extra_body=fmt(schema))
         assert err.value.body["param"] == "response_format", err.value.body  # type: ignore[index]
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"code": {"type": "string", "pattern": "[a-z]+"}}}}}
+    with pytest.raises(openai.BadRequestError):  # a tool's schema is part of the grammar
+        oai.chat.completions.create(model=SMOL, max_tokens=4, tools=[tool],  # type: ignore[list-item]
+                                    tool_choice="required",
+                                    messages=[{"role": "user", "content": "x"}])
     assert checks.job_records(stack_redis) == before
     node = {"$defs": {"Node": {"type": "object", "required": ["name", "kids"],
                                "additionalProperties": False,
