@@ -26,10 +26,11 @@ from tokenq.api.openai.tools import checked_constraint, template_of
 from tokenq.api.openai.tools import plan as tool_plan
 from tokenq.api.openai.tools import render as render_tools
 from tokenq.api.openai.tools import validate as validate_tools
-from tokenq.shared import schema_budget, webhook_policy
+from tokenq.shared import schema_budget, schema_keywords, webhook_policy
 from tokenq.shared.jobs import dumps
 from tokenq.shared.json_grammar import schema_gbnf
 from tokenq.shared.schema_budget import GrammarBudget, SchemaOverBudget, nesting
+from tokenq.shared.schema_keywords import SchemaRefused
 from tokenq.shared.schemas import (
     JobRequest,
     JobSpec,
@@ -109,6 +110,11 @@ def json_schema_of(fmt: ResponseFormat | None,
     except SchemaError as exc:
         raise InvalidRequest(f"response_format.json_schema.schema is not a valid JSON schema: "
                              f"{exc.message}", param="response_format") from exc
+    try:
+        schema_keywords.check(schema, strict=spec.get("strict") is True)
+    except SchemaRefused as exc:
+        raise InvalidRequest(f"response_format.json_schema.schema at {exc.path}: {exc}",
+                             param="response_format") from exc
     return schema
 
 

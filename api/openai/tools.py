@@ -30,8 +30,10 @@ from jsonschema.exceptions import SchemaError
 from tokenq.api import lora_admin
 from tokenq.api.deps import AppState
 from tokenq.api.errors import InvalidRequest
+from tokenq.shared import schema_keywords
 from tokenq.shared.chat import renders_tools
 from tokenq.shared.schema_budget import GrammarBudget, SchemaOverBudget, estimate, nesting
+from tokenq.shared.schema_keywords import SchemaRefused
 from tokenq.shared.schemas import JobRequest, NamedToolChoice, ToolDef
 from tokenq.shared.settings import ModelConfig
 
@@ -47,7 +49,7 @@ Mode = Literal["none", "auto", "required", "named"]
 Format = Literal["generic", "hermes"]
 
 
-def check_tool_schema(schema: Any, param: str) -> dict[str, Any]:
+def check_tool_schema(schema: Any, param: str, strict: bool = False) -> dict[str, Any]:
     """One function's `parameters`: an object schema, valid JSON Schema (2020-12 meta-schema),
     within the size and depth budgets. Raises InvalidRequest (400). The one place where a
     tool schema is checked: a grammar budget check belongs here."""
@@ -67,6 +69,11 @@ def check_tool_schema(schema: Any, param: str) -> dict[str, Any]:
     except SchemaError as exc:
         raise InvalidRequest(f"a function's parameters are not a valid JSON schema: "
                              f"{exc.message}", param=param) from exc
+    try:
+        schema_keywords.check(schema, strict)
+    except SchemaRefused as exc:
+        raise InvalidRequest(f"a function's parameters at {exc.path}: {exc}",
+                             param=param) from exc
     return schema
 
 
@@ -90,7 +97,8 @@ def validate(req: JobRequest) -> None:
                                  param=f"tools[{i}].function.name")
         names.add(name)
         if t.function.parameters is not None:
-            check_tool_schema(t.function.parameters, f"tools[{i}].function.parameters")
+            check_tool_schema(t.function.parameters, f"tools[{i}].function.parameters",
+                              strict=t.function.strict is True)
     choice = req.tool_choice
     if choice is not None and choice != "none" and not tools:
         raise InvalidRequest("tool_choice needs tools", param="tool_choice")

@@ -143,6 +143,20 @@ def test_json_schema_output_validates(oai: openai.OpenAI) -> None:
         assert (obj.choices[0].message.content or "").lstrip().startswith("{")
 
 
+def test_an_integer_s_bounds_hold(oai: openai.OpenAI) -> None:
+    """The converter dropped `minimum`/`maximum`: this request came back `{ "n": 5000 }`
+    with finish_reason `stop` (shared/json_grammar.py spells the range out now)."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1,
+                                                     "maximum": 10}}, "required": ["n"]}
+    out = oai.chat.completions.create(
+        model=SMOL, max_tokens=40, temperature=0,
+        messages=[{"role": "user", "content": "Output the number 5000 as JSON, and a long list."}],
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "x", "strict": True, "schema": schema}})
+    assert out.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(out.choices[0].message.content or ""), schema)
+
+
 @pytest.mark.parametrize(("kwargs", "exc"), [
     ({"model": "no-such-model"}, openai.NotFoundError),
     ({"n": 99}, openai.BadRequestError),
@@ -155,6 +169,16 @@ def test_json_schema_output_validates(oai: openai.OpenAI) -> None:
                           "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
      openai.BadRequestError),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+     openai.BadRequestError),
+    # a keyword decoding cannot enforce, under strict; a schema nothing satisfies
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "strict": True, "schema": {"type": "integer", "multipleOf": 7}}}},
+     openai.BadRequestError),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 1}}}},
+     openai.BadRequestError),
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"e": {"type": "string", "format": "email"}}}}}]},
      openai.BadRequestError),
 ])
 def test_bad_requests_raise_the_right_sdk_error(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tokenq.cli.transcripts import SUMMARY_SCHEMA
-from tokenq.shared.json_grammar import CHAR_RULE, pattern_classes, schema_gbnf
+from tokenq.shared.json_grammar import CHAR_RULE, int_range, pattern_classes, schema_gbnf
 
 
 def rules(gbnf: str) -> dict[str, str]:
@@ -131,3 +131,35 @@ def test_llama_cpp_compiles_them_and_takes_a_matching_text(schema: dict[str, Any
                          cwd=Path(__file__).resolve().parents[2])
     assert got.returncode == 0, (got.stdout[-500:], got.stderr[-1500:])
     assert "slowest token" in got.stdout
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(1, 5), (0, 10), (-5, 5), (-100, -3), (7, 7), (0, 0),
+                                        (13, 2024), (None, 10), (-3, None), (999, 1001),
+                                        (-1234, 98765)])
+def test_an_integer_range_is_spelled_exactly(lo: int | None, hi: int | None) -> None:
+    """Every integer near the bounds (and past them) against the range's alternatives,
+    read as a regex: in exactly when lo <= x <= hi; never a leading zero."""
+    rx = re.compile("^(?:" + "|".join(a.replace('"', "").replace(" ", "")
+                                      for a in int_range(lo, hi).split(" | ")) + ")$")
+    for x in range((lo or -3000) - 60, (hi if hi is not None else 3000) + 60):
+        assert bool(rx.match(str(x))) == ((lo is None or x >= lo) and (hi is None or x <= hi)), x
+    assert not any(rx.match(t) for t in ("01", "-0", "00", "-01", ""))
+    assert rx.match(str(10 ** 16 - 1)) if hi is None else True  # unbounded: 16 digits
+
+
+BOUNDED = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1,
+                                                  "exclusiveMaximum": 11}}}
+
+
+@pytest.mark.parametrize(("text", "taken"), [('{"n": 7}', True), ('{"n": 10}', True),
+                                             ('{"n": 12}', False), ('{"n": 0', False),
+                                             ('{"n": 5000', False)])
+def test_llama_cpp_keeps_an_integer_within_its_bounds(text: str, taken: bool) -> None:
+    """The converter ignored the bounds: any integer of up to 16 digits got through."""
+    got = subprocess.run([sys.executable, "-m", "tests.faults.grammar_crash",
+                          json.dumps(BOUNDED), text], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[2])
+    if taken:
+        assert got.returncode == 0 and "slowest token" in got.stdout, got.stdout[-500:]
+    else:
+        assert got.returncode == 3 and "refuses" in got.stdout, got.stdout[-500:]
