@@ -1,4 +1,5 @@
-"""Body size and speed limits, enforced while the body is read (413/408 in OpenAI's envelope).
+"""Body size and speed limits, enforced while the body is read (413/408 in OpenAI's envelope),
+and a buffered body that spells a lone UTF-16 surrogate refused (400, api/surrogates.py).
 
 A slow body (a client trickling bytes, or sending none after its headers) would hold a
 connection and a request slot for as long as it likes; the whole body of an ordinary
@@ -13,6 +14,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tokenq.api import surrogates
 from tokenq.api.errors import PayloadTooLarge, RequestTimeout
 
 
@@ -61,7 +63,11 @@ class BodyLimit:
                 return
             chunks.append(body)
             more = msg.get("more_body", False)
-        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+        whole = b"".join(chunks)
+        if (where := surrogates.in_body(whole)) is not None:
+            await self._reject(send, self.max_bytes, status=400, param=where)
+            return
+        replay = [{"type": "http.request", "body": whole, "more_body": False}]
 
         async def replayed() -> Message:
             return replay.pop() if replay else await receive()
@@ -91,13 +97,17 @@ class BodyLimit:
         return counted
 
     @staticmethod
-    async def _reject(send: Send, limit: int, status: int = 413) -> None:
+    async def _reject(send: Send, limit: int, status: int = 413,
+                      param: str | None = None) -> None:
         message, code = f"request body is larger than {limit} bytes", "payload_too_large"
         if status == 408:
             message, code = "the request body did not arrive in time", "request_timeout"
+        elif status == 400:
+            message, code = (f"{param} holds a lone UTF-16 surrogate (\\ud800-\\udfff not "
+                             "in a pair), which no text can carry"), "invalid_text"
         body = json.dumps({"error": {
             "message": message, "type": "invalid_request_error", "code": code,
-            "param": None}}).encode()
+            "param": param}}).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode())]})

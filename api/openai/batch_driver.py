@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from tokenq.api import admission, cpu, placement, service
+from tokenq.api import admission, cpu, placement, service, surrogates
 from tokenq.api.deps import AppState
 from tokenq.api.errors import TokenqError
 from tokenq.api.openai import files, jsonl, protocol
@@ -71,6 +71,9 @@ def _parse_line(endpoint: str, raw: bytes) -> tuple[str, JobRequest]:
         raise LineError("invalid_json", "the line is nested too deeply") from exc
     if not isinstance(line, dict):
         raise LineError("invalid_request", "each line must be a JSON object")
+    if (path := surrogates.where(line)) is not None:
+        raise LineError("invalid_text", f"{path} holds a lone UTF-16 surrogate, which no "
+                        "text can carry", path)
     custom_id = line.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise LineError("missing_required_parameter", "custom_id must be a non-empty string",
@@ -96,9 +99,10 @@ def _parse_line(endpoint: str, raw: bytes) -> tuple[str, JobRequest]:
 
 def _custom_id(raw: bytes) -> str:
     try:
-        return str(json.loads(raw).get("custom_id") or "")
+        custom_id = str(json.loads(raw).get("custom_id") or "")
     except Exception:
         return ""
+    return "" if surrogates.where(custom_id) else custom_id
 
 
 class BatchDriver:

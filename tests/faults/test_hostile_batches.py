@@ -41,6 +41,8 @@ POISONED = [
     schema_line("nested", NESTED),
     schema_line("crasher", {"type": "string", "maxLength": 20000}),
     '{"custom_id": "trunc',
+    '{"custom_id": "lone", "url": "/v1/chat/completions", "body": {"model": "' + FAKE
+    + '", "messages": [{"role": "user", "content": "x\\ud800"}]}}',  # a 500 before
 ]
 
 
@@ -110,10 +112,11 @@ def test_poisoned_lines_fail_their_batch_alone(stack: Stack) -> None:
     assert b.status == "failed", b
     assert b.errors is not None and b.errors.data is not None
     by_line = {e.line: e for e in b.errors.data}
-    assert set(by_line) == {2, 3, 4, 5, 6}, b.errors
+    assert set(by_line) == {2, 3, 4, 5, 6, 7}, b.errors
     assert by_line[2].code == by_line[3].code == by_line[6].code == "invalid_json"
     assert "nested" in (by_line[4].message or "") and by_line[4].param == "body.response_format"
     assert by_line[5].code == "schema_too_complex"
+    assert (by_line[7].code, by_line[7].param) == ("invalid_text", "body.messages.0.content")
     assert_completed(stack, after)
 
 

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.faults.harness import FAKE, FAKE_IDLE
 from tests.faults.hostile import client, hostile, logs_of
@@ -52,7 +53,8 @@ ODD_KEYS = ["".join(_ODD.choice("abcxyz_-$é") for _ in range(_ODD.randint(1, 70
 SCALARS: list[Any] = [
     None, True, False, 0, -1, 1, 2**31, 2**63, 2**64, -(2**64), 10**30, 2**70 + 1, 0.5,
     -0.0, 1e308, -1e-308, 3.7e19, "", "x", FAKE, FAKE_IDLE, "high", "low", "json_schema",
-    "user", "system", "\u0000", "\ud7ff\ue000", "é" * 50, "a" * 64, "a" * 65, "a" * 512,
+    "user", "system", "\u0000", "\ud7ff\ue000", "\ud800", "x\udfff", "\ud83d\ude00",
+    "é" * 50, "a" * 64, "a" * 65, "a" * 512,
     "a" * 513, "a" * 5000, "1_0-0", "file-x", "/v1/chat/completions", "24h"]
 
 
@@ -151,3 +153,33 @@ def test_fuzz_every_request_model(hostile: Stack) -> None:
     assert not dead
     assert hostile.api is not None and hostile.api.poll() is None
     assert "unhandled error" not in api_log, api_log[-3000:]
+
+
+SURROGATE = "x\\ud800"  # as JSON spells it: a lone high surrogate
+
+
+@pytest.mark.parametrize(("route", "body", "param"), [
+    ("/v1/chat/completions", f'{{"model": "{FAKE}", "messages": [{{"role": "user", '
+     f'"content": "hi"}}], "stop": "{SURROGATE}"}}', "stop"),
+    ("/v1/completions", f'{{"model": "{FAKE}", "prompt": "hi", "stop": ["a", '
+     f'"{SURROGATE}"]}}', "stop.1"),
+    ("/v1/jobs", f'{{"model": "{FAKE}", "prompt": "hi", "metadata": {{"{SURROGATE}": "v"}}}}',
+     "metadata"),
+    ("/v1/jobs", f'{{"model": "{FAKE}", "prompt": "hi", "response_format": {{"type": '
+     f'"json_schema", "json_schema": {{"name": "x", "schema": {{"enum": ["{SURROGATE}"]}}}}}}}}',
+     "response_format.json_schema.schema.enum.0"),
+    ("/tokenize", f'{{"model": "{FAKE}", "prompt": "a{SURROGATE}"}}', "prompt"),
+])
+def test_a_lone_surrogate_is_a_400_naming_where(hostile: Stack, route: str, body: str,
+                                                param: str) -> None:
+    """Each was a 500: nothing downstream (pydantic's serializer, Redis's writer, the
+    tokenizer) can hold a lone surrogate, so the API refuses it before they run. A pair
+    spelled the same way is an emoji and passes."""
+    with client(hostile, "alpha") as c:
+        resp = c.post(route, content=body.encode(), headers={"content-type": "application/json"})
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["code"] == "invalid_text"
+        assert resp.json()["error"]["param"] == param
+        paired = body.replace("\\ud800", "\\ud83d\\ude00").encode()
+        ok = c.post(route, content=paired, headers={"content-type": "application/json"})
+        assert "invalid_text" not in ok.text and ok.status_code != 500, ok.text
