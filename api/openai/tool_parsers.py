@@ -199,8 +199,9 @@ def parse(p: Plan, text: str, final: bool = True) -> Parsed:
         return Parsed(None, _calls(text, root.keys["tool_calls"].items, "arguments"))
     if root.kind == "object" and "response" in root.keys:
         return Parsed(_string(text, root.keys["response"]), [])
-    ok = root.kind == "object" and not root.keys and not final
-    return Parsed(None if ok else text, [], ok=ok)
+    if root.kind == "object":  # the wrapper, cut before a key was whole: no content yet
+        return Parsed(None, [], ok=not final)
+    return Parsed(text, [], ok=False)
 
 
 def call_id() -> str:

@@ -132,6 +132,9 @@ def test_constraints_accept_what_the_parser_reads() -> None:
      None, [("get_time", {"tz": 'A"B'})]),
     ("auto", "generic", '{"response": "Hello \\u00e9 \\"x\\""}', 'Hello é "x"', []),
     ("auto", "generic", "not json at all", "not json at all", []),
+    # cut by max_tokens inside the wrapper: the scaffold is not the reply's content
+    *[("auto", "generic", cut, None, []) for cut in ('{', '{"', '{"response', '{"response":',
+                                                     '{ "tool_calls', '{"tool_calls": ')],
     ("auto", "hermes", 'Let me check.\n<tool_call>\n{"name": "get_time", "arguments": '
      '{"tz": "UTC"}}\n</tool_call>\n<tool_call>{"name": "get_weather", "arguments": '
      '{"city": "Rome", "unit": "c"}}</tool_call>', "Let me check.\n",
