@@ -7,6 +7,7 @@ status; `install` registers the handlers.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -208,9 +209,41 @@ def envelope(status: int, message: str, type_: str, code: str | None,
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+# what pydantic puts in an error's location for the branch of a union it tried
+TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "bytes"})
+
+
 def _param(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    """The request field a location names, as OpenAI's `param` does: `stop`, not
+    `body.stop.str` (a union's branch) nor `tool_choice.literal['none',...]`."""
+    parts: list[str] = []
+    for p in loc:
+        s = str(p)
+        if not parts and s in ("body", "query", "path", "header"):
+            continue
+        if not isinstance(p, int) and (s in TYPE_TAGS or "[" in s or s[:1].isupper()):
+            break
+        parts.append(s)
     return ".".join(parts) or None
+
+
+def _where(e: Any) -> str | None:
+    """An error's param: the field its validator names (a model's own check), else its
+    location's."""
+    named = (e.get("ctx") or {}).get("param")
+    return str(named) if named else _param(tuple(e.get("loc", ())))
+
+
+def _message(errs: Sequence[Any]) -> str:
+    """Up to five errors, each once, as `param: what` (no pydantic 'Value error, ')."""
+    out: list[str] = []
+    for e in errs[:5]:
+        msg = str(e.get("msg", "")).removeprefix("Value error, ")
+        where = _where(e)
+        line = msg if where is None or msg.startswith(f"{where}:") else f"{where}: {msg}"
+        if line not in out:
+            out.append(line)
+    return "; ".join(out)
 
 
 def install(app: FastAPI) -> None:
@@ -226,24 +259,19 @@ def install(app: FastAPI) -> None:
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         errs = exc.errors()
         first = errs[0] if errs else {}
-        loc = tuple(first.get("loc", ()))
         if first.get("type") == "json_invalid":
             return envelope(400, "the request body is not valid JSON", "invalid_request_error",
                             "invalid_json")
-        msg = "; ".join(
-            f"{_param(tuple(e.get('loc', ()))) or 'body'}: {e.get('msg')}" for e in errs[:5])
-        return envelope(400, msg, "invalid_request_error", "invalid_request", _param(loc))
+        return envelope(400, _message(errs), "invalid_request_error", "invalid_request",
+                        _where(first) if errs else None)
 
     @app.exception_handler(ValidationError)
     async def _model(_: Request, exc: ValidationError) -> JSONResponse:
         # A model built from the body inside a handler (an OpenAI request's native job, a
         # batch line): still the client's input, so 400, never a 500.
         errs = exc.errors()
-        msg = "; ".join(f"{_param(tuple(e.get('loc', ()))) or 'body'}: {e.get('msg')}"
-                        for e in errs[:5])
-        return envelope(400, msg or "invalid request", "invalid_request_error",
-                        "invalid_request", _param(tuple(errs[0].get("loc", ()))) if errs
-                        else None)
+        return envelope(400, _message(errs) or "invalid request", "invalid_request_error",
+                        "invalid_request", _where(errs[0]) if errs else None)
 
     @app.exception_handler(RecursionError)
     async def _nested(_: Request, __: RecursionError) -> JSONResponse:

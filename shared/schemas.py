@@ -12,6 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from pydantic_core import PydanticCustomError
 
 from tokenq.shared.lora_registry import AdapterRef
+from tokenq.shared.request_model import RequestModel
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "expired"})
@@ -101,7 +102,7 @@ class ChatMessage(BaseModel):
         return self.content if isinstance(self.content, str) else ""
 
 
-class FunctionDef(BaseModel):
+class FunctionDef(RequestModel):
     model_config = ConfigDict(extra="ignore")
 
     name: str
@@ -177,7 +178,7 @@ class SamplingParams(BaseModel):
     cache_prompt: bool = True
 
 
-class JobRequest(BaseModel):
+class JobRequest(RequestModel):
     """Body of POST /v1/jobs. Exactly one of `prompt` and `messages`."""
 
     model_config = ConfigDict(extra="forbid")
@@ -222,10 +223,13 @@ class JobRequest(BaseModel):
     @model_validator(mode="after")
     def _one_input(self) -> JobRequest:
         if sum(x is not None for x in (self.prompt, self.messages, self.input)) != 1:
-            raise ValueError("give exactly one of 'prompt' and 'messages' (or 'input' for an "
-                             "embedding model)")
+            raise PydanticCustomError("value_error", "give exactly one of 'prompt' and "
+                                      "'messages' (or 'input' for an embedding model)",
+                                      {"param": "prompt" if self.prompt is not None
+                                       else "messages"})
         if self.messages is not None and not self.messages:
-            raise ValueError("'messages' must not be empty")
+            raise PydanticCustomError("value_error", "'messages' must not be empty",
+                                      {"param": "messages"})
         return self
 
     def stop_list(self) -> list[str]:

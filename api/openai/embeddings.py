@@ -15,18 +15,19 @@ from typing import Any, Literal
 import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from tokenq.api import service
 from tokenq.api.deps import AppState
 from tokenq.api.errors import InvalidRequest
 from tokenq.api.openai import serving
+from tokenq.shared.request_model import RequestModel
 from tokenq.shared.schemas import MAX_EMBED_INPUTS, JobRequest, Priority, no_empty_texts
 
 log = logging.getLogger(__name__)
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(RequestModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1)

@@ -14,7 +14,6 @@ import time
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -27,6 +26,7 @@ from pydantic_core import PydanticCustomError
 from tokenq.api.errors import InvalidRequest
 from tokenq.api.openai.tool_parsers import tool_calls
 from tokenq.api.openai.tools import Plan
+from tokenq.shared.request_model import RequestModel
 from tokenq.shared.schemas import (
     MAX_TOP_LOGPROBS,
     ChatMessage,
@@ -52,10 +52,10 @@ MAX_N = 8
 FalseIfNull = Annotated[bool, BeforeValidator(lambda v: False if v is None else v)]
 TrueIfNull = Annotated[bool, BeforeValidator(lambda v: True if v is None else v)]
 
-class StreamOptions(BaseModel):
+class StreamOptions(RequestModel):
     include_usage: FalseIfNull = False
 
-class _Common(BaseModel):
+class _Common(RequestModel):
     # vLLM's way: accept unknown fields, ignore them and say so in the log.
     model_config = ConfigDict(extra="allow")
 
@@ -126,7 +126,8 @@ class ChatCompletionRequest(_Common):
     @model_validator(mode="after")
     def _logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs: set logprobs to true to use it")
+            raise PydanticCustomError("value_error", "set logprobs to true to use top_logprobs",
+                                      {"param": "top_logprobs"})
         return self
 
     def log_k(self) -> int | None:
@@ -152,9 +153,13 @@ class CompletionRequest(_Common):
     @model_validator(mode="after")
     def _plain(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            raise ValueError("prompt: give one string (batched prompts are not supported)")
-        if self.echo or self.suffix or self.best_of not in (None, 1):
-            raise ValueError("echo, suffix and best_of are not supported")
+            raise PydanticCustomError("value_error", "give one string (batched prompts are "
+                                      "not supported)", {"param": "prompt"})
+        for name, off in (("echo", not self.echo), ("suffix", not self.suffix),
+                          ("best_of", self.best_of in (None, 1))):
+            if not off:
+                raise PydanticCustomError("value_error", "{param} is not supported",
+                                          {"param": name})
         return self
 
     def to_job(self) -> JobRequest:

@@ -10,7 +10,12 @@ import pytest
 from pydantic import ValidationError
 
 from tokenq.api.openai.embeddings import EmbeddingRequest
-from tokenq.api.openai.protocol import ChatCompletionRequest, CompletionRequest, parse
+from tokenq.api.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    StreamOptions,
+    parse,
+)
 from tokenq.api.openai.tokenize import TokenizeRequest
 from tokenq.shared.schemas import JobRequest
 
@@ -38,8 +43,22 @@ def test_null_flags_are_their_defaults() -> None:
     assert (tok.add_special_tokens, tok.add_generation_prompt, tok.return_token_strs) == (
         True, True, False)
     # a value that is not a boolean (nor null) is still refused
-    with pytest.raises(ValidationError, match="valid boolean"):
+    with pytest.raises(ValidationError, match="stream: expected true or false"):
         ChatCompletionRequest.model_validate({"model": "m", "messages": MSG, "stream": "x"})
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("stream", "yes"), ("stream", 1), ("logprobs", "true"), ("max_tokens", True),
+    ("n", False), ("temperature", True), ("seed", True), ("top_logprobs", True)])
+def test_openai_types_not_pydantic_s_lax_reading(field: str, value: object) -> None:
+    """Pydantic read `"stream": "yes"` as true and `"max_tokens": true` as 1; OpenAI's API
+    refuses both, and so does this one now, naming the field."""
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate({"model": "m", "messages": MSG, field: value})
+    err = info.value.errors()[0]
+    assert (err.get("ctx") or {}).get("param") == field, err
+    with pytest.raises(ValidationError):
+        StreamOptions.model_validate({"include_usage": "yes"})
 
 
 @pytest.mark.parametrize("extra", [{}, {"stream": False}, {"stream": None}])
