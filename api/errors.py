@@ -282,6 +282,11 @@ def install(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            # FastAPI's words for a body json.loads refused past its own checks (bytes
+            # that are not UTF-8, nesting past the parser's depth): still bad JSON
+            return envelope(400, "the request body is not valid JSON (UTF-8, nested at "
+                            "most a few hundred deep)", type_, "invalid_json")
         return envelope(exc.status_code, str(exc.detail), type_, code)
 
     @app.exception_handler(RedisError)

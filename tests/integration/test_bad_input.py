@@ -86,9 +86,12 @@ def test_bad_body(client: httpx.Client, name: str, body: dict[str, Any], status:
 
 
 @pytest.mark.usefixtures("nothing_enqueued")
-def test_malformed_json(client: httpx.Client) -> None:
-    resp = client.post("/v1/jobs", content=b'{"model": "x", ',
-                       headers={"content-type": "application/json"})
+@pytest.mark.parametrize("raw", [b'{"model": "x", ', b'{"model": "\xff\xfe"}',
+                                 b"[" * 5000 + b"]" * 5000])
+def test_malformed_json(client: httpx.Client, raw: bytes) -> None:
+    """Bytes that are not UTF-8 and nesting past the parser were code null, in FastAPI's
+    own words."""
+    resp = client.post("/v1/jobs", content=raw, headers={"content-type": "application/json"})
     assert assert_envelope(resp, 400)["code"] == "invalid_json"
 
 
