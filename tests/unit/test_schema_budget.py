@@ -68,6 +68,15 @@ def test_zero_lifts_a_budget() -> None:
     ("^(a{0,2}){0,100}$", False),  # ~3 s a token
     ("^(?=b)(((a{0,20}){0,20}){0,20}):$", False),  # a group mark is no place to skip from
     ("^(?<n>(((a{0,20}){0,20}){0,20}))$", False),
+    # bounded repetitions of a class: one apply over the whole vocabulary, measured
+    ("^(.{1,16}){1,16}$", False),  # an outside tester's: 26 s
+    ("^([a-z ]{1,8}){1,8}$", False),  # 24-31 s
+    ("^([a-z ]{1,6}){1,8}$", False),  # 3.0 s
+    ("^([a-z ]{1,4}){1,16}$", False),  # over 100 s
+    ("^([a-z ]{1,4}){1,8}$", True),  # 0.23 s
+    ("^([a-z ]{1,8}){1,4}$", True),  # 0.06 s
+    ("^([a-z]{1,20} ){1,5}$", True),  # a blank ends each word: 0.03 s
+    ("^(\\w+\\s?){1,20}$", True),  # + is one recursive rule: 0.04 s
     ("^(?P<year>[0-9]{4})-(?:[0-9]{2})$", True),
     ("^a{0,1000}$", True),  # one reading however long
     ("^((a*)*)*$", True),  # unbounded repeats are one recursive rule each
