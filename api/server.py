@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from tokenq.api import sse
 from tokenq.api.app import app_from_env
 from tokenq.api.deps import AppState
+from tokenq.api.header_limits import limited
 from tokenq.shared import logs
 from tokenq.shared.settings import LOOPBACK_HOSTS
 
@@ -91,9 +92,12 @@ def serve(host: str, port: int) -> None:
                         "binding to 127.0.0.1 instead of %s", host)
             host = "127.0.0.1"
         log.warning("no API keys configured: listening on loopback only (%s:%d)", host, port)
-    # RawSend outermost: event streams send their events past the middlewares (api/sse.py)
+    # RawSend outermost: event streams send their events past the middlewares (api/sse.py).
+    # The protocol bounds each request's header section in size and time (api/header_limits.py).
     config = uvicorn.Config(sse.RawSend(app), host=host, port=port, log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=2)
+                            access_log=False, timeout_graceful_shutdown=2,
+                            http=limited(settings.api.max_header_bytes,
+                                         settings.api.header_timeout_s))
     DrainingServer(config, app, settings.api.drain_s).run()
 
 

@@ -46,6 +46,10 @@ class ApiSettings(BaseModel):
     max_streams_per_tenant: int = 256
     # A request body must arrive within this (slow-body clients hold a connection).
     body_timeout_s: float = 30.0
+    # A request line and headers: at most this many bytes (431), complete within this long
+    # of their first byte (408); api/header_limits.py.
+    max_header_bytes: int = Field(default=65_536, ge=1_024)
+    header_timeout_s: float = Field(default=30.0, gt=0)
     # How long an Idempotency-Key is remembered (POST /v1/jobs, POST /v1/batches).
     idempotency_ttl_s: int = 24 * 3600
     # SIGTERM: refuse new jobs (503) and let open streams finish, at most this long.
