@@ -17,7 +17,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tokenq.api import durable, errors, models_admin
 from tokenq.api.access_log import AccessLog
-from tokenq.api.auth import KeyAuth, load_keys
+from tokenq.api.auth import KeyAuth, Principal, keys_from_env, load_keys
 from tokenq.api.deps import AppState
 from tokenq.api.limits import BodyLimit
 from tokenq.api.openai.batch_driver import BatchDriver
@@ -40,7 +40,8 @@ from tokenq.api.tokens import PromptCounter
 from tokenq.shared import aio, tracing
 from tokenq.shared.celery_app import create_celery
 from tokenq.shared.redis_conn import async_client
-from tokenq.shared.settings import Settings, get_settings
+from tokenq.shared.settings import Settings, SettingsProblem, get_settings
+from tokenq.shared.settings_load import load_settings
 from tokenq.shared.store import AsyncJobStore
 
 GC_THRESHOLDS = (20_000, 10, 10)  # Python's default: (700, 10, 10)
@@ -48,9 +49,12 @@ GC_THRESHOLDS = (20_000, 10, 10)  # Python's default: (700, 10, 10)
 log = logging.getLogger("tokenq.api")
 
 
-def create_app(settings: Settings | None = None, api_keys: str | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, api_keys: str | None = None,
+               keys: dict[str, Principal] | None = None) -> FastAPI:
+    """`api_keys`: TOKENQ_API_KEYS's form, read with the settings' keys file; `keys`: those
+    already read (app_from_env)."""
     settings = settings or get_settings()
-    api_key_map = load_keys(api_keys, settings.api.keys_file)
+    api_key_map = keys if keys is not None else load_keys(api_keys, settings.api.keys_file)
     if settings.env == "production" and not api_key_map:
         # Without keys every caller would be the admin tenant: refuse, loudly, rather
         # than serve (or quietly hide on loopback where no probe or proxy reaches it).
@@ -148,7 +152,16 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None) ->
 
 
 def app_from_env() -> FastAPI:
-    """uvicorn factory: `uvicorn tokenq.api.app:app_from_env --factory`."""
-    import os
-
-    return create_app(get_settings(), api_keys=os.environ.get("TOKENQ_API_KEYS"))
+    """uvicorn factory: `uvicorn tokenq.api.app:app_from_env --factory` (and what
+    `python -m tokenq.api.server` serves). A wrong setting or API key entry, or no
+    TOKENQ_REDIS_URL, stops the process at once with one line naming it (exit 1), as the
+    command line does, rather than a traceback at start or at uvicorn's startup."""
+    try:
+        settings = load_settings()
+        if not settings.redis_url:
+            raise SettingsProblem("TOKENQ_REDIS_URL is not set: run `tokenq up` (embedded "
+                                  "Redis) or point it at one (redis://[:PASSWORD@]host:6379/0)")
+        keys = keys_from_env(settings)
+    except SettingsProblem as exc:
+        raise SystemExit(f"tokenq: {exc}") from None
+    return create_app(settings, keys=keys)

@@ -1,7 +1,7 @@
 """API keys: who is calling (tenant, admin role), checked once for every route.
 
-Keys come from `TOKENQ_API_KEYS` (`key:tenant[:admin],…`, for dev and tests) and/or a
-keys file (`TOKENQ_API__KEYS_FILE`) holding only SHA-256 hashes, one key a line:
+Keys come from `TOKENQ_API_KEYS` (`key:tenant[:role[+role]],…`, for dev and tests) and/or
+a keys file (`TOKENQ_API__KEYS_FILE`) holding only SHA-256 hashes, one key a line:
 
     # sha256 of the key          tenant   [roles: admin | high | metrics] [weight=N]
     sha256:9f86d081884c7d65...   acme     weight=2
@@ -11,6 +11,9 @@ keys file (`TOKENQ_API__KEYS_FILE`) holding only SHA-256 hashes, one key a line:
 
 Both are kept as hash -> Principal, so a presented key is hashed and looked up; the
 process never needs the plain keys of a file. (`tokenq hash-key KEY` prints a line.)
+Every entry needs a key and a tenant: an entry without either, an unknown role or a file
+that cannot be read refuses the API's start with one line naming the entry (its position
+and tenant, never the key), as a wrong setting does (`keys_from_env`).
 
 Why a middleware rather than a dependency on each route: a route added later (files,
 batches, admin) cannot forget it. With keys configured, every path but the public ones
@@ -33,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +45,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokenq.api.errors import RateLimited, envelope
 from tokenq.shared import logs
+from tokenq.shared.settings import Settings, SettingsProblem
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +76,8 @@ class Principal:
         roles = [r for r in roles if not r.startswith("weight=")]
         unknown = set(roles) - ROLES
         if unknown:
-            raise ValueError(f"{where}: unknown role {sorted(unknown)[0]!r}; roles are "
-                             f"{', '.join(sorted(ROLES))} (and weight=N)")
+            raise SettingsProblem(f"{where}: unknown role {sorted(unknown)[0]!r}; roles "
+                                  f"are {', '.join(sorted(ROLES))} (and weight=N)")
         admin = "admin" in roles
         return cls(tenant, admin=admin, high=admin or "high" in roles,
                    metrics=admin or "metrics" in roles,
@@ -85,7 +90,7 @@ MAX_WEIGHT = 1000.0
 def parse_weight(items: list[str], where: str) -> float:
     """`weight=N` (at most one): a number in (0, MAX_WEIGHT]; none: 1."""
     if len(items) > 1:
-        raise ValueError(f"{where}: weight given {len(items)} times")
+        raise SettingsProblem(f"{where}: weight given {len(items)} times")
     if not items:
         return 1.0
     text = items[0].removeprefix("weight=")
@@ -94,8 +99,8 @@ def parse_weight(items: list[str], where: str) -> float:
     except ValueError:
         weight = float("nan")
     if not 0 < weight <= MAX_WEIGHT:  # nan fails too
-        raise ValueError(f"{where}: weight={text!r}: a tenant's fair-share weight is a "
-                         f"number above 0 and at most {MAX_WEIGHT:g}")
+        raise SettingsProblem(f"{where}: weight={text!r}: a tenant's fair-share weight is "
+                              f"a number above 0 and at most {MAX_WEIGHT:g}")
     return weight
 
 
@@ -104,9 +109,9 @@ def check_weights(keys: dict[str, Principal]) -> None:
     seen: dict[str, float] = {}
     for p in keys.values():
         if seen.setdefault(p.tenant, p.weight) != p.weight:
-            raise ValueError(f"tenant {p.tenant!r}: its API key entries give different "
-                             f"weights ({seen[p.tenant]:g} and {p.weight:g}); give one "
-                             f"weight=N on each of its keys, or on none")
+            raise SettingsProblem(f"tenant {p.tenant!r}: its API key entries give "
+                                  f"different weights ({seen[p.tenant]:g} and {p.weight:g}); "
+                                  f"give one weight=N on each of its keys, or on none")
 
 
 # Only when no keys are configured.
@@ -117,41 +122,71 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+KEYS_FORM = "KEY:TENANT[:ROLE[+ROLE]], comma-separated"
+
+
 def parse_keys(raw: str | None) -> dict[str, Principal]:
     """`key:tenant[:role[+role]],…` -> {sha256(key): Principal} (a role may be
-    `weight=N`)."""
+    `weight=N`). An entry without a key or a tenant is refused (SettingsProblem) naming its
+    position and tenant, never the key: a key without a tenant would share `default` with
+    every other such key, and an empty key would leave the API without keys (everyone its
+    admin). Blank entries (a trailing comma) are skipped."""
     out: dict[str, Principal] = {}
-    for item in (raw or "").split(","):
-        key, _, rest = item.strip().partition(":")
+    for n, item in enumerate((raw or "").split(","), 1):
+        if not item.strip():
+            continue
+        key, colon, rest = item.strip().partition(":")
         tenant, _, role = rest.partition(":")
-        if key:
-            out[hash_key(key)] = Principal.of(tenant or DEFAULT_TENANT,
-                                              [r for r in role.split("+") if r],
-                                              "TOKENQ_API_KEYS")
+        key, tenant = key.strip(), tenant.strip()
+        where = f"TOKENQ_API_KEYS entry {n}" + (f" (tenant {tenant!r})" if tenant else "")
+        if not colon:
+            raise SettingsProblem(f"{where}: no tenant (the entry is a key alone); each "
+                                  f"entry is {KEYS_FORM}")
+        if not key:
+            raise SettingsProblem(f"{where}: the key is empty; each entry is {KEYS_FORM}")
+        if not tenant:
+            raise SettingsProblem(f"{where}: the tenant is empty; each entry is {KEYS_FORM}")
+        out[hash_key(key)] = Principal.of(tenant, [r for r in role.split("+") if r], where)
+    if not out and raw and raw.strip():
+        raise SettingsProblem(f"TOKENQ_API_KEYS has no entries; each entry is {KEYS_FORM}")
     return out
 
 
 def load_keys_file(path: Path) -> dict[str, Principal]:
     """Lines of `sha256:<hex> tenant [role ...]`; `#` starts a comment."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SettingsProblem(f"TOKENQ_API__KEYS_FILE={path}: cannot read it ({why})"
+                              ) from exc
     out: dict[str, Principal] = {}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         parts = line.split("#", 1)[0].split()
         if not parts:
             continue
         digest = parts[0].removeprefix("sha256:").lower()
         if len(parts) < 2 or len(digest) != 64 or any(c not in "0123456789abcdef"
                                                        for c in digest):
-            raise ValueError(f"{path}:{n}: expected 'sha256:<64 hex> tenant [role ...]'")
-        out[digest] = Principal.of(parts[1], parts[2:], f"{path}:{n}")
+            raise SettingsProblem(f"TOKENQ_API__KEYS_FILE {path}:{n}: expected "
+                                  "'sha256:<64 hex> tenant [role ...]'")
+        out[digest] = Principal.of(parts[1], parts[2:], f"TOKENQ_API__KEYS_FILE {path}:{n}")
     return out
 
 
 def load_keys(raw: str | None, path: Path | None) -> dict[str, Principal]:
+    """The keys of `raw` (TOKENQ_API_KEYS) and of the file at `path`; any problem is a
+    SettingsProblem, one line naming the entry (never a key)."""
     keys = parse_keys(raw)
     if path is not None:
         keys.update(load_keys_file(path))
     check_weights(keys)
     return keys
+
+
+def keys_from_env(settings: Settings) -> dict[str, Principal]:
+    """The keys this process's API serves: TOKENQ_API_KEYS and TOKENQ_API__KEYS_FILE."""
+    return load_keys(os.environ.get("TOKENQ_API_KEYS"), settings.api.keys_file)
 
 
 def off_loopback(scope: Scope) -> str | None:

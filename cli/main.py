@@ -71,6 +71,7 @@ def up(
     = None,
 ) -> None:
     """Run the embedded stack in the foreground: Redis, the API, N workers (or autoscaled)."""
+    from tokenq.api.auth import keys_from_env
     from tokenq.cli.adhoc import resolve_models
     from tokenq.cli.stack import Stack
 
@@ -78,6 +79,7 @@ def up(
     try:
         names, settings = resolve_models(model or [], _settings())
         settings = _settings(**settings.model_dump(include={"models_file", "state_dir"}))
+        keys_from_env(settings)  # the API's keys: a wrong entry stops here, before Redis
     except SettingsProblem as exc:
         typer.echo(f"tokenq: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -155,8 +157,8 @@ def api(
     """Run only the API (uvicorn); needs TOKENQ_REDIS_URL."""
     from tokenq.api.server import serve
 
-    _settings().require_redis_url()
-    serve(host, port)
+    _settings()
+    serve(host, port)  # no TOKENQ_REDIS_URL, or a wrong API key entry: one line, exit 1
 
 
 @app.command()

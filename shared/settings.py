@@ -156,6 +156,20 @@ class Settings(BaseSettings):
             parse_address(str(entry))  # a bad entry is refused at start, naming it
         return got
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        """A URL redis-py can read (scheme, port, query options), refused at start rather
+        than at the first client a process makes."""
+        if v:
+            import redis.connection
+
+            try:
+                redis.connection.parse_url(v)  # type: ignore[no-untyped-call]
+            except ValueError as exc:
+                raise ValueError(str(exc).rstrip(".")) from None
+        return v
+
     @field_validator("redis_master_name")
     @classmethod
     def _master_name(cls, v: str) -> str:

@@ -30,6 +30,9 @@ def check_config_file() -> None:
                               "role's in its table: [worker] lease_ttl_s)")
 
 
+# Settings whose value may hold a password: an error names them but does not show it.
+_SECRET = frozenset({"redis_url", "redis_sentinel_password"})
+
 # The expected form, for the settings whose type alone does not say it.
 _FORMS = {
     "served_models": 'comma-separated model names or a JSON list: a,b or ["a","b"]',
@@ -57,7 +60,8 @@ def load_settings(**overrides: Any) -> Settings:
         field = "__".join(loc[:2] if loc and loc[0] in GROUPS else loc[:1])
         var = f"TOKENQ_{field.upper()}" if field else "settings"
         form = _FORMS.get(field)
-        shown = f"={err['input']!r}" if field and not isinstance(err["input"], dict) else ""
+        shown = (f"={err['input']!r}" if field and field not in _SECRET
+                 and not isinstance(err["input"], dict) else "")
         msg = err["msg"].removeprefix("Value error, ")
         raise SettingsProblem(f"{var}{shown}: {msg}" + (f"; expected {form}" if form else "")
                               ) from exc

@@ -8,15 +8,60 @@ import pytest
 from pydantic import ValidationError
 
 from tokenq.api.auth import bearer, hash_key, load_keys_file, parse_keys
-from tokenq.shared.settings import Settings
+from tokenq.shared.settings import Settings, SettingsProblem
 
 
 def test_env_keys_map_hashes_to_tenants_and_roles() -> None:
-    keys = parse_keys("k1:acme, k2:ops:admin,k3")
+    keys = parse_keys("k1:acme, k2:ops:admin,k3 : zeta ,")  # blanks around parts, a last comma
     assert keys[hash_key("k1")].tenant == "acme" and not keys[hash_key("k1")].admin
     assert keys[hash_key("k2")].admin
-    assert keys[hash_key("k3")].tenant == "default"
+    assert keys[hash_key("k3")].tenant == "zeta"
     assert "k1" not in keys  # only hashes are kept
+    assert parse_keys(None) == parse_keys("") == {}  # no keys: the loopback-only mode
+
+
+@pytest.mark.parametrize(("raw", "says"), [
+    # a key alone would be tenant `default`, shared with every other such key
+    ("s3cret-a", "entry 1: no tenant"),
+    ("k1:acme,s3cret-a", "entry 2: no tenant"),
+    # an empty tenant field, with or without roles
+    ("s3cret-a::admin", "entry 1: the tenant is empty"),
+    ("k1:acme, s3cret-a: ", "entry 2: the tenant is empty"),
+    # an empty key: once the no-keys mode, where every caller is the admin
+    (":acme", "entry 1 (tenant 'acme'): the key is empty"),
+    ("k1:acme,,  :ops:admin", "entry 3 (tenant 'ops'): the key is empty"),
+    # set, yet no entry at all: also the no-keys mode
+    (" , ", "TOKENQ_API_KEYS has no entries"),
+    # a role or a weight names its entry too
+    ("k1:acme,s3cret-a:ops:superuser", "entry 2 (tenant 'ops'): unknown role 'superuser'"),
+    ("s3cret-a:ops:weight=0", "entry 1 (tenant 'ops'): weight='0'"),
+])
+def test_a_malformed_key_entry_is_refused_naming_it_not_its_key(raw: str, says: str) -> None:
+    with pytest.raises(SettingsProblem) as got:
+        parse_keys(raw)
+    msg = str(got.value)
+    assert msg.startswith("TOKENQ_API_KEYS") and says in msg, msg
+    assert "s3cret" not in msg and "\n" not in msg
+
+
+def test_keys_file_problems_are_one_line_naming_the_variable(tmp_path: Path) -> None:
+    from tokenq.api.auth import load_keys
+
+    missing = tmp_path / "nope"
+    with pytest.raises(SettingsProblem) as got:
+        load_keys(None, missing)
+    assert str(got.value) == (f"TOKENQ_API__KEYS_FILE={missing}: cannot read it "
+                              "(No such file or directory)")
+    with pytest.raises(SettingsProblem, match=r"TOKENQ_API__KEYS_FILE=.*cannot read it"):
+        load_keys(None, tmp_path)  # a directory
+    path = tmp_path / "keys"
+    path.write_text(f"sha256:{hash_key('k')} acme superuser\n")
+    with pytest.raises(SettingsProblem) as got:
+        load_keys(None, path)
+    assert str(got.value).startswith(f"TOKENQ_API__KEYS_FILE {path}:1: unknown role")
+    path.write_text(f"sha256:{hash_key('k')} acme weight=2\n")
+    with pytest.raises(SettingsProblem, match="different weights"):
+        load_keys("k3:acme:weight=3", path)
 
 
 def test_keys_file_rejects_plain_keys(tmp_path: Path) -> None:
