@@ -1,11 +1,11 @@
 """The base of every model a client's request body is read into: OpenAI's types, not
 pydantic's lax reading of them.
 
-Pydantic reads `"stream": "yes"` as true and `"max_tokens": true` as 1; OpenAI's API
-refuses both, and a client that sends them has a bug it should hear about. Before a
-request model validates, a field typed boolean takes only true/false (or null where the
-field allows it), and a field typed as a number never takes true/false. The error names
-the field as its `param` (api/errors.py reads it)."""
+Pydantic reads `"stream": "yes"` as true, `"max_tokens": true` as 1 and `"max_tokens":
+"5"` as 5; OpenAI's API refuses them, and a client that sends them has a bug it should hear
+about. Before a request model validates, a field typed boolean takes only true/false (or
+null where the field allows it), and a field typed as a number takes neither true/false nor
+a string. The error names the field as its `param` (api/errors.py reads it)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ class RequestModel(BaseModel):
             if kind == "bool" and not isinstance(v, bool):
                 raise PydanticCustomError("bool_type", "{param}: expected true or false",
                                           {"param": name})
-            if kind == "number" and isinstance(v, bool):
+            if kind == "number" and isinstance(v, bool | str):
                 raise PydanticCustomError("number_type", "{param}: expected a number, not "
-                                          "true or false", {"param": name})
+                                          "{got}", {"param": name, "got": "a string" if
+                                                    isinstance(v, str) else "true or false"})
         return data

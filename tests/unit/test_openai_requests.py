@@ -49,7 +49,8 @@ def test_null_flags_are_their_defaults() -> None:
 
 @pytest.mark.parametrize(("field", "value"), [
     ("stream", "yes"), ("stream", 1), ("logprobs", "true"), ("max_tokens", True),
-    ("n", False), ("temperature", True), ("seed", True), ("top_logprobs", True)])
+    ("n", False), ("temperature", True), ("seed", True), ("top_logprobs", True),
+    ("max_tokens", "5"), ("temperature", "0.5")])
 def test_openai_types_not_pydantic_s_lax_reading(field: str, value: object) -> None:
     """Pydantic read `"stream": "yes"` as true and `"max_tokens": true` as 1; OpenAI's API
     refuses both, and so does this one now, naming the field."""
