@@ -19,6 +19,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -38,11 +39,20 @@ log = logging.getLogger(__name__)
 MAX_REPORTED_ERRORS = 100
 MAX_DRIVER_FAILURES = 3  # tries of a batch whose processing raises, then it is given up
 MAX_PIPELINE = 256  # lines enqueued per round trip at most, whatever batch_chunk says
+BATCH_LANE_SHARE = 0.9  # of a lane's queue_limit, batch lines fill at most (batch_lane_limit)
 
 
 # Lines up to this long are parsed on the event loop (well under a millisecond); longer
 # ones on the CPU pool: json.loads and validating a 1 MB line take tens of milliseconds.
 INLINE_LINE_BYTES = 64 * 1024
+
+
+def batch_lane_limit(queue_limit: int) -> int:
+    """How full batch lines may fill a lane (the `low` one they share with every tenant's
+    own low-priority jobs): BATCH_LANE_SHARE of its limit, so one tenant's batch cannot
+    lock the others out of it (a 12,000-line batch held it at 10,000 and every other
+    tenant's `low` job got 429 until it drained). 0: no limit."""
+    return max(1, int(queue_limit * BATCH_LANE_SHARE)) if queue_limit > 0 else 0
 
 
 def line_job_id(batch_id: str, line: int) -> str:
@@ -339,8 +349,9 @@ class BatchDriver:
             return self.rejection(h, n, cid, exc)
         extra = {"endpoint": h["endpoint"], "batch": h["id"], "custom_id": custom_id,
                  "ttl": str(self.state.settings.api.file_ttl_s)}
-        return service.new_job(self.state, h["owner"], p, job_id=line_job_id(h["id"], n),
-                               deadline=float(h["expires_at"]), extra=extra)
+        job = service.new_job(self.state, h["owner"], p, job_id=line_job_id(h["id"], n),
+                              deadline=float(h["expires_at"]), extra=extra)
+        return replace(job, queue_limit=batch_lane_limit(self.state.settings.api.queue_limit))
 
     def rejection(self, h: dict[str, str], n: int, custom_id: str,
                   exc: Exception) -> NewRejection:

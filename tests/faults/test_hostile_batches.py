@@ -13,14 +13,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import redis
 
 from tests.faults.conftest import KEYS
-from tests.faults.harness import FAKE, fake_stack, redis_of
+from tests.faults.harness import FAKE, FAKE_IDLE, fake_stack, redis_of
 from tests.integration.test_openai_batches import chat_line, jsonl
 from tokenq.api.openai.batch_driver import MAX_DRIVER_FAILURES
 from tokenq.cli.stack import Stack
@@ -167,3 +169,32 @@ def test_a_line_that_fails_at_enqueue_fails_alone(stack: Stack) -> None:
                                                                       "invalid_json"}
     assert_completed(stack, after)
     r.close()
+
+
+@pytest.fixture
+def small_lane(tmp_path: Path) -> Iterator[Stack]:
+    env = {"TOKENQ_API_KEYS": f"{KEYS['alpha']}:alpha,{KEYS['beta']}:beta",
+           "TOKENQ_API__QUEUE_LIMIT": "20", "TOKENQ_API__BATCH_CHUNK": "4"}
+    with fake_stack(tmp_path, workers=1, env=env) as st:
+        yield st
+
+
+def test_one_tenant_s_batch_leaves_room_in_the_lane_for_the_others(small_lane: Stack) -> None:
+    """An outside probe: a 12,000-line batch held the `low` lane at its limit (10,000) and
+    every other tenant's `low` job got 429 until it drained. Batch lines fill a lane to
+    90% of its limit (api/openai/batch_driver.py, batch_lane_limit)."""
+    alpha, r = client(small_lane, "alpha"), redis_of(small_lane)
+    batch = create(alpha, [chat_line(f"l{i}", "hi", model=FAKE_IDLE) for i in range(30)])
+    lane = keys.queue(FAKE_IDLE, "low")
+    deadline = time.monotonic() + 60
+    while r.hget(keys.batch(batch), "cursor") != "18":  # 18 of 20 lines enqueued, then full
+        assert time.monotonic() < deadline, (r.hgetall(keys.batch(batch)), r.llen(lane))
+        time.sleep(0.1)
+    with httpx.Client(base_url=small_lane.url, timeout=30,
+                      headers={"Authorization": f"Bearer {KEYS['beta']}"}) as beta:
+        resp = beta.post("/v1/jobs", json={"model": FAKE_IDLE, "prompt": "x",
+                                           "priority": "low", "max_tokens": 2})
+        assert resp.status_code == 202, resp.text
+        beta.delete(f"/v1/jobs/{resp.json()['id']}")
+    assert r.hget(keys.batch(batch), "cursor") == "18", r.hgetall(keys.batch(batch))
+    alpha.batches.cancel(batch)
