@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -34,6 +35,11 @@ async def live_workers(state: StateDep) -> dict[str, list[str]]:
     return out
 
 
+# A Redis that stopped answering (a stalled host, SIGSTOP) held /ready ~20 s (socket
+# timeout and retries): a probe answers 503 within this instead.
+READY_TIMEOUT_S = 2.0
+
+
 @router.get("/ready")
 async def ready(state: StateDep, workers: bool = True) -> JSONResponse:
     """`?workers=false`: Redis only. For a load balancer's readiness probe when workers
@@ -43,9 +49,10 @@ async def ready(state: StateDep, workers: bool = True) -> JSONResponse:
     if state.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     try:
-        await state.redis.ping()
-        live = await live_workers(state) if workers else {}
-    except RedisError as exc:
+        async with asyncio.timeout(READY_TIMEOUT_S):
+            await state.redis.ping()
+            live = await live_workers(state) if workers else {}
+    except (RedisError, TimeoutError) as exc:
         # Unauthenticated: Redis' own words (addresses, auth errors) go to the log only.
         log.warning("ready: Redis unavailable: %s", exc)
         return JSONResponse({"status": "unavailable", "redis": "unavailable"},

@@ -4,6 +4,9 @@ in OpenAI's envelope naming their field, and nothing is enqueued."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,3 +88,24 @@ def test_refused_naming_the_field(c: TestClient, r: redis.Redis, path: str,
     assert err["param"] == param and message in err["message"], err
     assert "Value error" not in err["message"] and "body:" not in err["message"], err
     assert jobs(r) == before
+
+
+def test_ready_answers_within_seconds_when_redis_stalls(tmp_path: Path) -> None:
+    """An outside probe: with Redis stopped (SIGSTOP), /ready took 20.7 s to answer 503
+    (socket timeout and retries); a readiness probe's own timeout is ~1 s. Now ~2 s."""
+    own = EmbeddedRedis(tmp_path / "redis", appendonly=False).start()
+    try:
+        with TestClient(create_app(fake_settings(own, tmp_path, [MODEL]))) as client:
+            assert client.get("/ready", params={"workers": "false"}).status_code == 200
+            assert own.proc is not None
+            os.kill(own.proc.pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                resp = client.get("/ready", params={"workers": "false"})
+                took = time.monotonic() - t0
+            finally:
+                os.kill(own.proc.pid, signal.SIGCONT)
+            assert resp.status_code == 503 and resp.json()["status"] == "unavailable"
+            assert took < 10, took  # 20.7 s before; READY_TIMEOUT_S is 2
+    finally:
+        own.stop()
