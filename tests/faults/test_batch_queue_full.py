@@ -15,10 +15,11 @@ import redis
 from tests.faults.harness import FAKE_IDLE, fake_stack, redis_of
 from tests.faults.test_hostile_batches import client, inject_batch, wait_done
 from tests.integration.test_openai_batches import chat_line, jsonl
+from tokenq.api.openai.batch_driver import batch_lane_limit
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
 
-LIMIT = 4
+LIMIT = 4  # what batch lines may fill: 90% of the queue limit (batch_lane_limit)
 # line n: True a valid line (its queue has no worker), False one whose model is gone
 LINES = [True, False, True, True, True, True, False, True]
 
@@ -26,7 +27,7 @@ LINES = [True, False, True, True, True, True, False, True]
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     env = {"TOKENQ_API_KEYS": "key-alpha:alpha,key-beta:beta",
-           "TOKENQ_API__QUEUE_LIMIT": str(LIMIT)}
+           "TOKENQ_API__QUEUE_LIMIT": "5"}
     with fake_stack(tmp_path_factory.mktemp("batch-queue-full"), workers=1, env=env) as st:
         yield st
 
@@ -70,3 +71,7 @@ def states(r: redis.Redis, batch_id: str) -> dict[int, str | None]:
     n = batch_id.removeprefix("batch_")
     return {i: r.hget(keys.job(f"job_{n}_{i}"), "state")  # type: ignore[misc]
             for i in range(1, len(LINES) + 1)}
+
+
+def test_the_limit_here_is_what_batch_lines_may_fill() -> None:
+    assert batch_lane_limit(5) == LIMIT
