@@ -36,7 +36,7 @@ import json
 import secrets
 from typing import Any
 
-from tokenq.shared.schema_keywords import has_bounds, int_bounds
+from tokenq.shared.schema_keywords import DATA_KEYWORDS, has_bounds, int_bounds
 
 CHAR_RULE = r'char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\/bfnrt] | "u" [0-9a-fA-F]{4})'
 RULES = {"char": CHAR_RULE}
@@ -44,7 +44,6 @@ RULES = {"char": CHAR_RULE}
 
 # what \d, \w and \s stand for, as the body of a GBNF character class
 CLASSES = {"d": "0-9", "w": "0-9A-Za-z_", "s": " \\t\\n\\r"}
-DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 MAX_DIGITS = 16  # the converter's integers have at most 16 digits
 
 

@@ -22,13 +22,12 @@ from typing import Any
 
 from tokenq.shared.json_grammar import int_range
 from tokenq.shared.pattern_states import PatternTooAmbiguous, pattern_states
-from tokenq.shared.schema_keywords import has_bounds, int_bounds
+from tokenq.shared.schema_keywords import DATA_KEYWORDS, has_bounds, int_bounds
 from tokenq.shared.settings import Settings
 
 # Keywords whose integer value becomes a repetition count in the grammar.
 REPEAT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties",
                    "maxProperties", "minContains", "maxContains")
-DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 # A bounded integer's range rule counts one per this many characters of it: 900 integers
 # between -123456789012345 and 987654321098765 were 1.75 MB of grammar, 3.3 s to write and
 # 4.1 s to compile (on the engine's thread); now ~100 of them fit the size budget.
