@@ -40,7 +40,7 @@ from tokenq.api.tokens import PromptCounter
 from tokenq.shared import aio, tracing
 from tokenq.shared.celery_app import create_celery
 from tokenq.shared.redis_conn import async_client
-from tokenq.shared.settings import Settings, SettingsProblem, get_settings
+from tokenq.shared.settings import NO_REDIS_URL, Settings, SettingsProblem, get_settings
 from tokenq.shared.settings_load import load_settings
 from tokenq.shared.store import AsyncJobStore
 
@@ -159,8 +159,7 @@ def app_from_env() -> FastAPI:
     try:
         settings = load_settings()
         if not settings.redis_url:
-            raise SettingsProblem("TOKENQ_REDIS_URL is not set: run `tokenq up` (embedded "
-                                  "Redis) or point it at one (redis://[:PASSWORD@]host:6379/0)")
+            raise SettingsProblem(NO_REDIS_URL)
         keys = keys_from_env(settings)
     except SettingsProblem as exc:
         raise SystemExit(f"tokenq: {exc}") from None

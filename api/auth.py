@@ -132,6 +132,7 @@ def parse_keys(raw: str | None) -> dict[str, Principal]:
     every other such key, and an empty key would leave the API without keys (everyone its
     admin). Blank entries (a trailing comma) are skipped."""
     out: dict[str, Principal] = {}
+    wheres: dict[str, str] = {}
     for n, item in enumerate((raw or "").split(","), 1):
         if not item.strip():
             continue
@@ -146,7 +147,8 @@ def parse_keys(raw: str | None) -> dict[str, Principal]:
             raise SettingsProblem(f"{where}: the key is empty; each entry is {KEYS_FORM}")
         if not tenant:
             raise SettingsProblem(f"{where}: the tenant is empty; each entry is {KEYS_FORM}")
-        out[hash_key(key)] = Principal.of(tenant, [r for r in role.split("+") if r], where)
+        _add(out, wheres, hash_key(key),
+             Principal.of(tenant, [r for r in role.split("+") if r], where), where)
     if not out and raw and raw.strip():
         raise SettingsProblem(f"TOKENQ_API_KEYS has no entries; each entry is {KEYS_FORM}")
     return out
@@ -161,6 +163,7 @@ def load_keys_file(path: Path) -> dict[str, Principal]:
         raise SettingsProblem(f"TOKENQ_API__KEYS_FILE={path}: cannot read it ({why})"
                               ) from exc
     out: dict[str, Principal] = {}
+    wheres: dict[str, str] = {}
     for n, line in enumerate(text.splitlines(), 1):
         parts = line.split("#", 1)[0].split()
         if not parts:
@@ -170,8 +173,20 @@ def load_keys_file(path: Path) -> dict[str, Principal]:
                                                        for c in digest):
             raise SettingsProblem(f"TOKENQ_API__KEYS_FILE {path}:{n}: expected "
                                   "'sha256:<64 hex> tenant [role ...]'")
-        out[digest] = Principal.of(parts[1], parts[2:], f"TOKENQ_API__KEYS_FILE {path}:{n}")
+        where = f"TOKENQ_API__KEYS_FILE {path}:{n}"
+        _add(out, wheres, digest, Principal.of(parts[1], parts[2:], where), where)
     return out
+
+
+def _add(out: dict[str, Principal], wheres: dict[str, str], digest: str,
+         principal: Principal, where: str) -> None:
+    """One key's entry; the same key given again for another tenant or other roles is a
+    SettingsProblem naming both entries (which one wins would be an accident of order)."""
+    if digest in out and out[digest] != principal:
+        raise SettingsProblem(f"{where}: the same key as {wheres[digest]}, for another tenant "
+                              "or other roles; each key belongs to one entry")
+    out[digest] = principal
+    wheres.setdefault(digest, where)
 
 
 def load_keys(raw: str | None, path: Path | None) -> dict[str, Principal]:
@@ -179,7 +194,12 @@ def load_keys(raw: str | None, path: Path | None) -> dict[str, Principal]:
     SettingsProblem, one line naming the entry (never a key)."""
     keys = parse_keys(raw)
     if path is not None:
-        keys.update(load_keys_file(path))
+        for digest, principal in load_keys_file(path).items():
+            if digest in keys and keys[digest] != principal:
+                raise SettingsProblem(f"TOKENQ_API__KEYS_FILE {path}: a key also in "
+                                      "TOKENQ_API_KEYS, for another tenant or other roles; "
+                                      "each key belongs to one entry")
+            keys[digest] = principal
     check_weights(keys)
     return keys
 

@@ -134,7 +134,7 @@ def autoscale(
     from tokenq.cli.stack import Stack
 
     _logging()
-    settings = _settings()
+    settings = _settings(need_redis=True)
     stack = Stack(settings, models=model or settings.served_models).attach()
     bad = sorted(set(backend or ()) - {"llama", "vllm", "fake"})
     if bad:
@@ -170,7 +170,7 @@ def worker(
     """Run one worker process (one engine, one model); needs TOKENQ_REDIS_URL."""
     from tokenq.workers.main import run_worker
 
-    settings = _settings()
+    settings = _settings(need_redis=True)
     run_worker(settings, model or settings.worker.model or settings.default_model, loglevel)
 
 

@@ -227,9 +227,7 @@ class Settings(BaseSettings):
 
     def require_redis_url(self) -> str:
         if not self.redis_url:
-            raise RuntimeError(
-                "TOKENQ_REDIS_URL is not set: run `tokenq up` (embedded Redis) or point it at one"
-            )
+            raise SettingsProblem(NO_REDIS_URL)
         return self.redis_url
 
 
@@ -253,6 +251,10 @@ def config_file() -> Path | None:
     named = os.environ.get("TOKENQ_CONFIG_FILE")
     path = Path(named) if named else Path("tokenq.toml")
     return path if named or path.is_file() else None
+
+
+NO_REDIS_URL = ("TOKENQ_REDIS_URL is not set: run `tokenq up` (embedded Redis) or point it "
+                "at one (redis://[:PASSWORD@]host:6379/0)")
 
 
 class SettingsProblem(ValueError):

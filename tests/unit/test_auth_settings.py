@@ -35,6 +35,10 @@ def test_env_keys_map_hashes_to_tenants_and_roles() -> None:
     # a role or a weight names its entry too
     ("k1:acme,s3cret-a:ops:superuser", "entry 2 (tenant 'ops'): unknown role 'superuser'"),
     ("s3cret-a:ops:weight=0", "entry 1 (tenant 'ops'): weight='0'"),
+    # one key for two tenants: which one it served was an accident of order
+    ("s3cret-a:acme,k2:zeta,s3cret-a:ops",
+     "entry 3 (tenant 'ops'): the same key as TOKENQ_API_KEYS entry 1 (tenant 'acme')"),
+    ("s3cret-a:acme,s3cret-a:acme:admin", "entry 2 (tenant 'acme'): the same key as"),
 ])
 def test_a_malformed_key_entry_is_refused_naming_it_not_its_key(raw: str, says: str) -> None:
     with pytest.raises(SettingsProblem) as got:
@@ -138,3 +142,20 @@ def test_fair_share_weights_on_key_entries(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="different weights"):  # the API refuses to start
         load_keys("k3:acme:weight=3", path)
     assert load_keys("k3:acme:weight=2", path)[hash_key("k3")].weight == 2
+
+
+def test_one_key_for_two_tenants_across_the_variable_and_the_file_is_refused(
+        tmp_path: Path) -> None:
+    from tokenq.api.auth import load_keys
+
+    path = tmp_path / "keys"
+    path.write_text(f"sha256:{hash_key('s3cret-k')} zeta\n")
+    with pytest.raises(SettingsProblem) as got:
+        load_keys("s3cret-k:acme", path)
+    assert "a key also in TOKENQ_API_KEYS" in str(got.value)
+    assert "s3cret" not in str(got.value)
+    path.write_text(f"sha256:{hash_key('s3cret-k')} zeta\nsha256:{hash_key('s3cret-k')} acme\n")
+    with pytest.raises(SettingsProblem, match=r":2: the same key as TOKENQ_API__KEYS_FILE"):
+        load_keys_file(path)
+    # the same entry twice is no conflict
+    assert parse_keys("s3cret-k:acme,s3cret-k:acme")[hash_key("s3cret-k")].tenant == "acme"

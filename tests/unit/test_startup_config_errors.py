@@ -162,3 +162,21 @@ def test_a_bad_redis_url_names_the_variable_not_its_password(
         load_settings()
     msg = str(got.value)
     assert msg.startswith("TOKENQ_REDIS_URL: ") and says in msg and SECRET not in msg, msg
+
+
+@pytest.mark.parametrize("command", [["worker"], ["autoscale", "--min", "0"]])
+def test_a_command_joining_a_stack_without_its_redis_says_so_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]) -> None:
+    """`tokenq worker` and `tokenq autoscale` join a running stack: without
+    TOKENQ_REDIS_URL each stops with one line naming it (exit 2), not a traceback from
+    deep in the worker or the autoscaler."""
+    from tokenq.cli import main
+
+    monkeypatch.setattr(main, "_logging", lambda *_: None)
+    monkeypatch.chdir(tmp_path)
+    for key in [k for k in os.environ if k.startswith("TOKENQ_")]:
+        monkeypatch.delenv(key)
+    got = CliRunner().invoke(main.app, command)
+    assert got.exit_code == 2, (got.exit_code, got.output, got.exception)
+    lines = got.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tokenq: TOKENQ_REDIS_URL is not set"), lines
