@@ -253,6 +253,8 @@ def install(app: FastAPI) -> None:
         headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
         if exc.should_retry is not None:
             headers["x-should-retry"] = "true" if exc.should_retry else "false"
+        if isinstance(exc, PayloadTooLarge | RequestTimeout):
+            headers["Connection"] = "close"  # the rest of the body is not read (api/limits.py)
         return envelope(exc.status, exc.message, exc.type, exc.code, exc.param, headers)
 
     @app.exception_handler(RequestValidationError)

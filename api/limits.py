@@ -108,7 +108,9 @@ class BodyLimit:
         body = json.dumps({"error": {
             "message": message, "type": "invalid_request_error", "code": code,
             "param": param}}).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode())]
+        if status != 400:  # the body is not all read: close, or the client could go on
+            headers.append((b"connection", b"close"))  # sending it for ever (keep-alive)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -192,3 +192,32 @@ def test_the_limits_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOKENQ_API__MAX_HEADER_BYTES", "32768")
     monkeypatch.setenv("TOKENQ_API__HEADER_TIMEOUT_S", "5")
     assert (Settings().api.max_header_bytes, Settings().api.header_timeout_s) == (32_768, 5.0)
+
+
+@pytest.mark.parametrize("declared", ["over the limit", "chunked"])
+def test_a_body_refused_early_closes_its_connection(api: Stack, declared: str) -> None:
+    """A 413 answered before the body is read closes the connection: before, the client
+    could go on sending body bytes that uvicorn dropped, each resetting its keep-alive
+    timer, and hold the connection for ever."""
+    with _connect(api) as sock:
+        head = b"POST /v1/jobs HTTP/1.1\r\nHost: t\r\ncontent-type: application/json\r\n"
+        if declared == "over the limit":
+            sock.sendall(head + b"content-length: 1000000000\r\n\r\n" + b" " * 1_000)
+        else:  # no length declared: refused once what arrived passes the limit
+            chunk = b" " * 65_536
+            sock.sendall(head + b"transfer-encoding: chunked\r\n\r\n"
+                         + (b"%x\r\n%s\r\n" % (len(chunk), chunk)) * 40)
+        status, headers, body = _read_response(sock)
+        assert status == 413, body
+        _envelope(body, "payload_too_large")
+        assert headers.get("connection") == "close", headers
+        deadline = time.monotonic() + 5.0
+        closed = False
+        while not closed and time.monotonic() < deadline:  # trickle more body bytes
+            try:
+                sock.sendall(b" " * 100)
+            except ConnectionError:
+                closed = True
+                break
+            closed = _closed_within(sock, 0.2)
+        assert closed, "the connection stayed open while the client sent more body"
