@@ -11,6 +11,7 @@ import importlib.util
 import logging
 import os
 import socket
+import time
 from typing import Any, NoReturn
 
 import redis
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 # How long an idle llama.cpp compute thread spins before it sleeps (idle_compute_threads_sleep)
 OPENMP_SPINS = 10_000
+REDIS_WAIT_S = 4.0  # the longest pause between two tries to reach Redis at start
 
 
 def build_engine(settings: Settings, model: str, cfg: ModelConfig | None = None) -> Engine:
@@ -101,6 +103,26 @@ def idle_compute_threads_sleep() -> None:
         os.environ.setdefault("GOMP_SPINCOUNT", str(OPENMP_SPINS))
 
 
+def wait_for_redis(settings: Settings, model: str) -> None:
+    """Until Redis answers: one line a try, tries 1, 2, 4 s apart (at most REDIS_WAIT_S).
+    A worker started before its Redis (compose, a pod restarting beside it) waits, as the
+    API and the autoscaler do; before, it read the registry instead of the catalogue and
+    its start hook died with a traceback per thread that touched Redis. SIGTERM ends it."""
+    pause = 1.0
+    while True:
+        r = sync_client(settings, decode_responses=True)
+        try:
+            r.ping()
+            return
+        except redis.RedisError as exc:
+            log.warning("worker for %r: cannot reach Redis (%s); trying again in %.0f s",
+                        model, exc, pause)
+        finally:
+            r.close()
+        time.sleep(pause)
+        pause = min(pause * 2, REDIS_WAIT_S)
+
+
 def _config(settings: Settings, model: str) -> tuple[ModelConfig, bool]:
     """The model's config (a model deployed over the API: the catalogue's) and whether the
     catalogue has an entry for it (then this worker reports its load there)."""
@@ -130,10 +152,11 @@ def _pool_config(name: str, model: str, pool: str | None, cfg: ModelConfig) -> M
 def run_worker(settings: Settings, name: str, loglevel: str = "INFO") -> NoReturn:
     """A worker for `name`: a model, or one pool of it (`model@pool`). Ends the process."""
     model, pool = split_pool(name)
+    logs.configure(loglevel)
+    wait_for_redis(settings, model)
     cfg, listed = _config(settings, model)
     pools = [pool_id(model, n) for n in cfg.pools]  # every pool of the model (moves)
     cfg = _pool_config(name, model, pool, cfg)
-    logs.configure(loglevel)
     app = create_celery(settings)
     tolerate_acks_after_connection_loss()
 
