@@ -204,6 +204,7 @@ def batch_submit(
                f"{b.request_counts.completed}/{b.request_counts.total} completed, "
                f"{b.request_counts.failed} failed")
     if watch and b.status != "completed":
+        _why(b)
         raise typer.Exit(1)
 
 
@@ -214,4 +215,20 @@ def batch_watch(batch_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> No
         b = _progress_bar(tq, tq.get_batch(batch_id))
     typer.echo(f"{b.id}\t{b.status}")
     if b.status != "completed":
+        _why(b)
         raise typer.Exit(1)
+
+
+SHOWN_ERRORS = 10  # a failed batch's errors printed by --watch (the rest: --json)
+
+
+def _why(b: Batch) -> None:
+    """A batch that did not complete: its errors (a line each, the first SHOWN_ERRORS) on
+    stderr, as the API gave them (`errors.data`: line, code, message)."""
+    data = (b.errors or {}).get("data") or []
+    for e in data[:SHOWN_ERRORS]:
+        where = f"line {e['line']}: " if e.get("line") is not None else ""
+        typer.echo(f"{where}{e.get('code') or 'error'}: {e.get('message', '')}", err=True)
+    if len(data) > SHOWN_ERRORS:
+        typer.echo(f"... and {len(data) - SHOWN_ERRORS} more (--json shows them all)",
+                   err=True)

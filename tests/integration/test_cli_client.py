@@ -58,6 +58,19 @@ def test_batch_submit_watch_shows_progress(stack: Stack, tmp_path: Path) -> None
     assert "3/3" in res.output and "completed" in res.stdout.splitlines()[-1]
 
 
+def test_a_failed_batch_says_why_under_watch(stack: Stack, tmp_path: Path) -> None:
+    """--watch on a batch that fails validation prints each line's error (stderr), not
+    only `failed 0/0`: before, the reasons were only in --json."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"custom_id": "c0", "method": "POST",
+                                "url": "/v1/chat/completions",
+                                "body": {"model": "no-such-model", "messages": []}}) + "\n")
+    res = runner.invoke(app, ["batch", "submit", str(path), "--watch", "--url", stack.url])
+    assert res.exit_code == 1, res.output
+    assert "failed" in res.stdout.splitlines()[-1]
+    assert "line 1: " in res.stderr and "Traceback" not in res.output, res.stderr
+
+
 def one_line_error(env: dict[str, str]) -> str:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TOKENQ_")}
     proc = subprocess.run([sys.executable, "-m", "tokenq.cli.main", "models", "list"],
