@@ -44,6 +44,10 @@ def _print(model: dict[str, Any], as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(model, indent=2))
         return
+    if "version" not in model:  # OpenAI's model object: what a key without admin sees
+        typer.echo(f"{model['id']}\tmax_model_len {model.get('max_model_len')}\t(state, "
+                   "version and workers: an admin key)")
+        return
     typer.echo(f"{model['id']}\tversion {model.get('version')}\t{model.get('state')}\t"
                f"{model.get('backend')}\tworkers: {len(model.get('workers') or [])}"
                + (f"\terror: {model['error']}" if model.get("error") else ""))
