@@ -17,6 +17,23 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tokenq.api import surrogates
 from tokenq.api.errors import PayloadTooLarge, RequestTimeout
 
+# What `curl -d` sends (or no type at all): a JSON body under it is read as JSON, as
+# llama-server and vLLM read it; before, every route answered "Input should be a valid
+# dictionary" to the curl line without `-H 'content-type: application/json'`.
+UNTYPED = (b"", b"application/x-www-form-urlencoded")
+
+
+def as_json(scope: Scope, body: bytes) -> Scope:
+    """`scope` with its content-type made application/json when the body is a JSON object
+    or array sent untyped (UNTYPED); otherwise `scope` itself."""
+    headers: list[tuple[bytes, bytes]] = list(scope.get("headers") or [])
+    ctype = next((v for k, v in headers if k == b"content-type"), b"")
+    if ctype.split(b";")[0].strip().lower() not in UNTYPED or body.lstrip()[:1] not in (
+            b"{", b"["):
+        return scope
+    headers = [(k, v) for k, v in headers if k != b"content-type"]
+    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+
 
 class BodyLimit:
     """`max_bytes` for every route; routes under a `large` prefix (file uploads) get their
@@ -72,7 +89,7 @@ class BodyLimit:
         async def replayed() -> Message:
             return replay.pop() if replay else await receive()
 
-        await self.app(scope, replayed, send)
+        await self.app(as_json(scope, whole), replayed, send)
 
     @staticmethod
     def _counted(receive: Receive, limit: int, timeout_s: float) -> Receive:

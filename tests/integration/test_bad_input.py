@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,7 +10,7 @@ import httpx
 import pytest
 import redis
 
-from tests.conftest import SMOL
+from tests.conftest import NO_WORKER_MODEL, SMOL
 
 MSG = [{"role": "user", "content": "hi"}]
 LONG_PROMPT = "The customer called about the invoice again. " * 400  # ~3,600 tokens > 2,048
@@ -93,6 +94,22 @@ def test_malformed_json(client: httpx.Client, raw: bytes) -> None:
     own words."""
     resp = client.post("/v1/jobs", content=raw, headers={"content-type": "application/json"})
     assert assert_envelope(resp, 400)["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize("ctype", [None, "application/x-www-form-urlencoded"])
+def test_a_json_body_sent_untyped_is_read_as_json(client: httpx.Client,
+                                                  ctype: str | None) -> None:
+    """`curl -d '{...}'` without `-H 'content-type: application/json'` (what curl sends:
+    form-urlencoded) is read as JSON, as llama-server and vLLM read it; it was a 400
+    "Input should be a valid dictionary" on every route."""
+    headers = {"content-type": ctype} if ctype else {}
+    body = json.dumps({"model": NO_WORKER_MODEL, "prompt": "hi", "max_tokens": 1}).encode()
+    resp = client.post("/v1/jobs", content=body, headers=headers)
+    assert resp.status_code == 202, resp.text
+    client.post(f"/v1/jobs/{resp.json()['id']}/cancel")
+    # what is not JSON stays refused, in the envelope
+    assert_envelope(client.post("/v1/jobs", content=b"model=x&prompt=hi", headers={
+        "content-type": "application/x-www-form-urlencoded"}), 400)
 
 
 @pytest.mark.usefixtures("nothing_enqueued")
