@@ -28,6 +28,8 @@ class TokenqError(Exception):
     # request whose job already ran to a terminal failure (a poison request would otherwise
     # run once per SDK retry). None: the SDK's own rule by status.
     should_retry: bool | None = None
+    # Headers the answer carries beside the envelope (a job's error: X-Tokenq-Job-Id).
+    headers: dict[str, str] | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -253,6 +255,7 @@ def install(app: FastAPI) -> None:
         headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
         if exc.should_retry is not None:
             headers["x-should-retry"] = "true" if exc.should_retry else "false"
+        headers.update(exc.headers or {})
         if isinstance(exc, PayloadTooLarge | RequestTimeout):
             headers["Connection"] = "close"  # the rest of the body is not read (api/limits.py)
         return envelope(exc.status, exc.message, exc.type, exc.code, exc.param, headers)

@@ -59,7 +59,11 @@ async def create(state: AppState, tenant: str, endpoint: str,
             _chunks(state, tenant, endpoint, jobs, body.model, include_usage, plan),
             ping_s=s.api.sse_ping_s, send_timeout_s=s.api.sse_send_timeout_s, headers=headers)
     ended = await await_all(state, tenant, jobs, request, want_lp)
-    recs = [raise_for_state(rec) for rec, _ in ended]
+    try:
+        recs = [raise_for_state(rec) for rec, _ in ended]
+    except TokenqError as exc:  # the job ran to this end: its id helps to look it up
+        exc.headers = headers
+        raise
     lps = [lp for _, lp in ended] if want_lp else None
     return JSONResponse(final_response(endpoint, recs, lps, plan), headers=headers)
 

@@ -166,6 +166,7 @@ def test_terminal_failure_says_do_not_retry(stack: Stack, stack_redis: redis.Red
     resp = result["r"]
     assert resp.status_code == 409 and resp.headers["x-should-retry"] == "false"
     assert resp.json()["error"]["code"] == "cancelled"
+    assert resp.headers["x-tokenq-job-id"] == job_id  # as on a success: the job to look up
 
 
 def test_logprobs_chat_and_completions(oai: openai.OpenAI) -> None:
