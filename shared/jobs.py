@@ -38,7 +38,7 @@ import enum
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from tokenq.shared import keys
 from tokenq.shared.schemas import JobErrorInfo, JobSpec
@@ -146,7 +146,7 @@ class NewJob:
 
 @dataclass(frozen=True, slots=True)
 class NewRejection:
-    """A batch line that cannot be enqueued, as `reject` takes it: its record ends `failed`."""
+    """A batch line that cannot be enqueued, as `reject` takes it: its record ends `state`."""
 
     job_id: str
     fields: dict[str, str]
@@ -154,6 +154,7 @@ class NewRejection:
     error: JobErrorInfo
     ttl: int
     now: float
+    state: Literal["failed", "cancelled"] = "failed"  # cancelled: left out by its cancel
 
 
 class SkipReason(enum.StrEnum):
@@ -347,11 +348,11 @@ def pick(queue: str, *, worker: str, lease_ms: int, max_attempts: int, now: floa
 
 
 def reject(job_id: str, fields: dict[str, str], *, tenant: str, error: JobErrorInfo,
-           now: float, maxlen: int, ttl: int) -> Call[bool]:
-    """A batch line that could not be enqueued: its record, ended `failed` (never queued)."""
+           now: float, maxlen: int, ttl: int, state: str = "failed") -> Call[bool]:
+    """A batch line that could not be enqueued: its record, ended `state` (never queued)."""
     return Call("reject", [keys.job(job_id), keys.job_events(job_id), keys.RUNNING,
                            keys.tenant_jobs(tenant)],
-                [dumps(fields), error.model_dump_json(), repr(now), maxlen, ttl], _flag)
+                [dumps(fields), error.model_dump_json(), repr(now), maxlen, ttl, state], _flag)
 
 
 def acquire(job_id: str, *, worker: str, lease_ms: int, max_attempts: int, now: float,

@@ -251,7 +251,7 @@ class AsyncJobStore:
             _create(s, x.job_id, x.fields, x.tenant, x.queue, x.message, x.queue_limit,
                     x.tenant_limit, x.now, None) if isinstance(x, NewJob)
             else jobs.reject(x.job_id, x.fields, tenant=x.tenant, error=x.error, now=x.now,
-                             maxlen=s.stream_maxlen, ttl=x.ttl)
+                             maxlen=s.stream_maxlen, ttl=x.ttl, state=x.state)
             for x in lines]
         if not calls:
             return []

@@ -14,37 +14,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, WatchError
 
-from tokenq.api import admission, cpu, placement, service, surrogates
+from tokenq.api import admission, cpu, placement, service
 from tokenq.api.deps import AppState
 from tokenq.api.errors import TokenqError
-from tokenq.api.openai import files, jsonl, protocol
+from tokenq.api.openai import files, jsonl
+from tokenq.api.openai.batch_cancel import sweep
+from tokenq.api.openai.batch_lines import (
+    INLINE_LINE_BYTES,
+    MAX_PIPELINE,
+    LineError,
+    Source,
+    custom_id_of,
+    parse_line,
+    too_long,
+)
+from tokenq.api.openai.batch_lines import line_job_id as line_job_id  # (tokenq bench scale)
 from tokenq.api.openai.batch_store import BatchStore
 from tokenq.shared import keys
 from tokenq.shared.jobs import Created, NewJob, NewRejection, QueueFull, TenantFull, dumps
-from tokenq.shared.schemas import JobErrorInfo, JobRequest
+from tokenq.shared.schemas import JobErrorInfo
 
 log = logging.getLogger(__name__)
 
 MAX_REPORTED_ERRORS = 100
 MAX_DRIVER_FAILURES = 3  # tries of a batch whose processing raises, then it is given up
-MAX_PIPELINE = 256  # lines enqueued per round trip at most, whatever batch_chunk says
 BATCH_LANE_SHARE = 0.9  # of a lane's queue_limit, batch lines fill at most (batch_lane_limit)
-
-
-# Lines up to this long are parsed on the event loop (well under a millisecond); longer
-# ones on the CPU pool: json.loads and validating a 1 MB line take tens of milliseconds.
-INLINE_LINE_BYTES = 64 * 1024
 
 
 def batch_lane_limit(queue_limit: int) -> int:
@@ -55,64 +59,13 @@ def batch_lane_limit(queue_limit: int) -> int:
     return max(1, int(queue_limit * BATCH_LANE_SHARE)) if queue_limit > 0 else 0
 
 
-def line_job_id(batch_id: str, line: int) -> str:
-    return f"job_{batch_id.removeprefix('batch_')}_{line}"
-
-
-class LineError(Exception):
-    def __init__(self, code: str, message: str, param: str | None = None):
-        super().__init__(message)
-        self.code, self.message, self.param = code, message, param
-
-
-def too_long(limit: int) -> LineError:
-    return LineError("line_too_long", f"the line is longer than {limit} bytes, the limit of "
-                     "one line (one request)")
-
-
-def _parse_line(endpoint: str, raw: bytes) -> tuple[str, JobRequest]:
-    """A line's custom_id and its request as a native job (no I/O: runs on a thread for a
-    long line); raises LineError, or ValidationError from the request's model."""
-    try:
-        line = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LineError("invalid_json", f"the line is not valid JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise LineError("invalid_json", "the line is nested too deeply") from exc
-    if not isinstance(line, dict):
-        raise LineError("invalid_request", "each line must be a JSON object")
-    if (path := surrogates.where(line)) is not None:
-        raise LineError("invalid_text", f"{path} holds a lone UTF-16 surrogate, which no "
-                        "text can carry", path)
-    custom_id = line.get("custom_id")
-    if not isinstance(custom_id, str) or not custom_id:
-        raise LineError("missing_required_parameter", "custom_id must be a non-empty string",
-                        "custom_id")
-    if line.get("method", "POST") != "POST":
-        raise LineError("invalid_request", "method must be POST", "method")
-    if line.get("url") != endpoint:
-        raise LineError("mismatched_url", f"url must be the batch's endpoint "
-                        f"{endpoint}, not {line.get('url')!r}", "url")
-    body = line.get("body")
-    if not isinstance(body, dict):
-        raise LineError("invalid_request", "body must be a JSON object", "body")
-    req = protocol.parse(endpoint, body)
-    if getattr(req, "stream", False):
-        raise LineError("invalid_request", "stream is not allowed in a batch", "body.stream")
-    if (req.n or 1) > 1 or req.log_k() is not None or getattr(req, "tools", None):
-        raise LineError("invalid_request", "n > 1, logprobs and tools are served on "
-                        "the interactive endpoints, not in batch lines", "body")
-    job = req.to_job()
-    job.priority = "low"  # live traffic first while a batch drains
-    return custom_id, job
-
-
-def _custom_id(raw: bytes) -> str:
-    try:
-        custom_id = str(json.loads(raw).get("custom_id") or "")
-    except Exception:
-        return ""
-    return "" if surrogates.where(custom_id) else custom_id
+def gone_error(h: dict[str, str], enqueued: int) -> dict[str, Any]:
+    """The batch error of an input file deleted before its lines were all enqueued."""
+    ran = "no line was run" if not enqueued else \
+        f"the {enqueued} lines enqueued before run; the others were not"
+    return {"code": "input_file_deleted", "param": "input_file_id", "line": None,
+            "message": f"the input file {h['input_file_id']} was deleted (or expired) "
+                       f"before the batch's lines were enqueued: {ran}"}
 
 
 class BatchDriver:
@@ -161,25 +114,36 @@ class BatchDriver:
                 await self.give_up(batch_id, exc)
 
     async def give_up(self, batch_id: str, exc: Exception) -> None:
-        bk = keys.batch(batch_id)
-        status, enqueued = await self.r.hmget(bk, ["status", "enqueued"])
         error = {"code": "batch_processing_failed", "param": None, "line": None,
                  "message": f"the batch could not be processed ({type(exc).__name__}) after "
                             f"{MAX_DRIVER_FAILURES} tries; lines not yet enqueued were not run"}
-        fields = {"errors": dumps({"object": "list", "data": [error]}), "enqueue_done": "1",
-                  "swept": "1"}
-        if status == "validating" or (status == "in_progress" and not int(enqueued or 0)):
-            fields.update(status="failed", failed_at=repr(time.time()))
-        await self.r.hset(bk, mapping=fields)  # type: ignore[arg-type]
+        status = await self.stop_early(batch_id, error, swept=True)
         if await self.batches.settle(batch_id) != "validating":
             await self.batches.release(batch_id)
         log.error("batch %s: given up (%s)", batch_id, status)
+
+    async def stop_early(self, batch_id: str, error: dict[str, Any], *,
+                         swept: bool = False) -> str | None:
+        """No more lines are enqueued (`error` says why, in the batch's `errors`): its total
+        becomes the lines it enqueued, every one counted when it ends (the rest never
+        became requests), and a batch that enqueued none fails. Its status before."""
+        bk = keys.batch(batch_id)
+        status, enqueued = await self.r.hmget(bk, ["status", "enqueued"])
+        n, status = int(enqueued or 0), str(status) if status else None
+        fields = {"errors": dumps({"object": "list", "data": [error]}), "enqueue_done": "1",
+                  "total": str(n)}
+        if swept:
+            fields["swept"] = "1"
+        if status == "validating" or (status == "in_progress" and not n):
+            fields.update(status="failed", failed_at=repr(time.time()))
+        await self.r.hset(bk, mapping=fields)  # type: ignore[arg-type]
+        return status
 
     def stop(self) -> None:
         self._stopping = True
         self.wake.set()
 
-    async def _keep_lease(self, batch_id: str) -> None:
+    async def keep_lease(self, batch_id: str) -> None:
         if not await self.batches.renew_lease(batch_id):
             raise RuntimeError(f"lost the driver lease of {batch_id}")
 
@@ -202,10 +166,10 @@ class BatchDriver:
         the batch owner's share (waiting for it: the driver is not refused)."""
         try:
             if len(raw) <= INLINE_LINE_BYTES:
-                custom_id, job = _parse_line(h["endpoint"], raw)
+                custom_id, job = parse_line(h["endpoint"], raw)
             else:
                 custom_id, job = await self.state.counter.pool.run(
-                    h["owner"], _parse_line, h["endpoint"], raw)
+                    h["owner"], parse_line, h["endpoint"], raw)
             return custom_id, await admission.prepare(self.state, h["owner"], job)
         except ValidationError as exc:
             e = exc.errors()[0]
@@ -223,7 +187,8 @@ class BatchDriver:
         total = bad = 0
         seen = keys.batch_ids(batch_id)
         await self.r.delete(seen)
-        async for line in self._lines(h):
+        source = Source()
+        async for line in self.lines(h, source):
             n = line.n
             total += 1
             if total > s.api.max_batch_lines:
@@ -248,27 +213,44 @@ class BatchDriver:
                     errors.append({"code": err.code, "message": err.message,
                                    "param": err.param, "line": n})
             if total % s.api.batch_chunk == 0:
-                await self._keep_lease(batch_id)
+                await self.keep_lease(batch_id)
         await self.r.delete(seen)
         if bad > len(errors):
             errors.append({"code": "too_many_errors", "param": None, "line": None,
                            "message": f"{bad} lines have errors; the first "
                                       f"{MAX_REPORTED_ERRORS} are listed"})
-        if total == 0:
+        if source.gone:  # what was read may be cut short: the file is the only error
+            errors, total = [gone_error(h, 0)], 0
+        elif total == 0:
             errors.append({"code": "empty_file", "message": "the input file has no lines",
                            "param": None, "line": None})
         now = repr(time.time())
         if errors:
-            fields = {"status": "failed", "failed_at": now,
+            fields = {"status": "failed", "failed_at": now, "total": "0",
                       "errors": dumps({"object": "list", "data": errors})}
             status = "failed"
         else:
             fields = {"status": "in_progress", "in_progress_at": now, "total": str(total)}
             status = "in_progress"
-        if await self.r.hget(keys.batch(batch_id), "status") == "cancelling":
-            # cancelled while validating: nothing was enqueued, the sweep settles it
-            fields, status = {"total": str(total), "enqueue_done": "1"}, "cancelling"
-        await self.r.hset(keys.batch(batch_id), mapping=fields)  # type: ignore[arg-type]
+        bk = keys.batch(batch_id)
+        async with self.r.pipeline(transaction=True) as pipe:
+            while True:  # the outcome is written unless a cancel came first (WATCH)
+                try:
+                    await pipe.watch(bk)
+                    if await pipe.hget(bk, "status") == "cancelling":
+                        # cancelled while validating: nothing was enqueued; the sweep ends
+                        # every valid line `cancelled` (batch_cancel.py), none of an invalid
+                        # file (its errors kept), and settles the batch
+                        fields, status = {"total": "0" if errors else str(total),
+                                          "enqueue_done": "1"}, "cancelling"
+                        if errors:
+                            fields["errors"] = dumps({"object": "list", "data": errors})
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.hset(bk, mapping=fields)  # type: ignore[arg-type]
+                    await pipe.execute()
+                    break
+                except WatchError:
+                    continue
         log.info("batch %s: %d lines, %d errors -> %s", batch_id, total, len(errors), status)
         return status
 
@@ -279,7 +261,10 @@ class BatchDriver:
         cursor = int(h.get("cursor", 0))
         size = max(1, min(s.api.batch_chunk, MAX_PIPELINE))
         chunk: list[tuple[int, NewJob | NewRejection]] = []
-        async for line in self._lines(h):
+        source = Source()
+        async for line in self.lines(h, source):
+            if source.gone:
+                break  # deleted: this last line may be cut short; the lines before are whole
             if line.n <= cursor:
                 continue
             chunk.append((line.n, await self._line(h, line)))
@@ -290,15 +275,21 @@ class BatchDriver:
             await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
             if refused:
                 return
-            await self._keep_lease(batch_id)
+            await self.keep_lease(batch_id)
             if await self.r.hget(keys.batch(batch_id), "status") != "in_progress":
                 break  # cancelled: stop enqueuing; the sweep follows
         cursor, refused = await self._write(batch_id, chunk, cursor)
         if refused:
             await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
             return
-        await self.r.hset(keys.batch(batch_id), mapping={"cursor": str(cursor),
-                                                         "enqueue_done": "1"})
+        await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
+        enqueued, total = (int(x or 0) for x in await self.r.hmget(
+            keys.batch(batch_id), ["enqueued", "total"]))
+        if source.gone and enqueued < total:
+            await self.stop_early(batch_id, gone_error(h, enqueued))
+            log.warning("batch %s: input file gone after %d lines", batch_id, enqueued)
+        else:
+            await self.r.hset(keys.batch(batch_id), "enqueue_done", "1")
 
     async def _write(self, batch_id: str, chunk: list[tuple[int, NewJob | NewRejection]],
                      cursor: int) -> tuple[int, bool]:
@@ -327,9 +318,15 @@ class BatchDriver:
             log.info("batch %s: queue full at line %d; continuing later", batch_id, refusal)
         return (done[-1][0] if done else cursor), refusal is not None
 
-    def _lines(self, h: dict[str, str]) -> AsyncIterator[jsonl.Line]:
-        return jsonl.lines(files.iter_bytes(self.state, h["input_file_id"]),
-                           self.state.settings.api.max_batch_line_bytes)
+    def lines(self, h: dict[str, str], source: Source) -> AsyncIterator[jsonl.Line]:
+        return jsonl.lines(self._pieces(h, source), self.state.settings.api.max_batch_line_bytes)
+
+    async def _pieces(self, h: dict[str, str], source: Source) -> AsyncIterator[bytes]:
+        try:
+            async for piece in files.iter_whole(self.state, h["input_file_id"]):
+                yield piece
+        except files.FileGone:
+            source.gone = True
 
     async def _line(self, h: dict[str, str], line: jsonl.Line) -> NewJob | NewRejection:
         """A line as the store writes it: its job, or its rejection."""
@@ -344,8 +341,8 @@ class BatchDriver:
         except RedisError:
             raise
         except Exception as exc:  # valid at validation, not now: that line fails alone
-            cid = _custom_id(raw) if len(raw) <= INLINE_LINE_BYTES else \
-                await self.state.counter.pool.run(h["owner"], _custom_id, raw)
+            cid = custom_id_of(raw) if len(raw) <= INLINE_LINE_BYTES else \
+                await self.state.counter.pool.run(h["owner"], custom_id_of, raw)
             return self.rejection(h, n, cid, exc)
         extra = {"endpoint": h["endpoint"], "batch": h["id"], "custom_id": custom_id,
                  "ttl": str(self.state.settings.api.file_ttl_s)}
@@ -353,13 +350,15 @@ class BatchDriver:
                               deadline=float(h["expires_at"]), extra=extra)
         return replace(job, queue_limit=batch_lane_limit(self.state.settings.api.queue_limit))
 
-    def rejection(self, h: dict[str, str], n: int, custom_id: str,
-                  exc: Exception) -> NewRejection:
+    def rejection(self, h: dict[str, str], n: int, custom_id: str, exc: Exception,
+                  state: Literal["failed", "cancelled"] = "failed") -> NewRejection:
         """Line `n` ends `failed` without running: a line of the batch's error file (OpenAI's
-        shape, status 400) and one more in its `failed` count."""
+        shape, status 400) and one more in its `failed` count; `cancelled` (a line a cancel
+        left unenqueued): `batch_cancelled` there instead."""
         err = exc if isinstance(exc, LineError) else LineError(
             "invalid_request", f"the line could not be processed ({type(exc).__name__})")
-        log.warning("batch %s line %d: rejected at enqueue: %s", h["id"], n, err.message)
+        if state == "failed":
+            log.warning("batch %s line %d: rejected at enqueue: %s", h["id"], n, err.message)
         job_id = line_job_id(h["id"], n)
         now = time.time()
         fields = {"id": job_id, "owner": h["owner"], "model": "", "backend": "",
@@ -369,23 +368,8 @@ class BatchDriver:
                   "ttl": str(self.state.settings.api.file_ttl_s)}
         return NewRejection(job_id, fields, h["owner"],
                             JobErrorInfo(code=err.code, message=err.message),
-                            self.state.settings.api.file_ttl_s, now)
+                            self.state.settings.api.file_ttl_s, now, state)
 
     async def sweep_cancel(self, batch_id: str) -> None:
-        """Queued lines end `cancelled` (counted by the job scripts); running ones finish
-        (the cancel script checks the state and ends a queued line in one step, so a line
-        leased meanwhile is left running), and the last of them to end settles the batch
-        `cancelled` (shared/lua/terminal.lua), its result in the output file. No line
-        past the cursor is enqueued once `enqueue_done` is set."""
-        s = self.state.settings
-        await self.r.hset(keys.batch(batch_id), "enqueue_done", "1")
-        cursor, total = await self.r.hmget(keys.batch(batch_id), ["cursor", "total"])
-        # Lines just past the cursor may exist: written after a refused line of their chunk
-        # (AsyncJobStore.create_many), or by a driver that died before saving the cursor.
-        last = max(int(cursor or 0), min(int(cursor or 0) + MAX_PIPELINE, int(total or 0)))
-        for n in range(1, last + 1):
-            await self.state.jobs.cancel(line_job_id(batch_id, n), ttl=s.api.file_ttl_s,
-                                         queued_only=True)
-            if n % s.api.batch_chunk == 0:
-                await self._keep_lease(batch_id)
-        await self.r.hset(keys.batch(batch_id), "swept", "1")
+        """A cancel's sweep (api/openai/batch_cancel.py)."""
+        await sweep(self, batch_id)

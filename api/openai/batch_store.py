@@ -1,7 +1,8 @@
 """The batch driver's Redis protocol: its lease on a batch, settling and releasing it.
 
 The scripts are shared/lua/renew.lua, settle.lua (the job scripts' own settle, for
-batches whose lines all ended before the driver finished) and release.lua.
+batches whose lines all ended before the driver finished), release.lua and batch_files.lua
+(an older API's finished batch registers its output files on read).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class BatchStore:
     def __init__(self, r: aioredis.Redis, owner: str):
         self.r = r
         self.owner = owner  # this driver's lease value
-        self._scripts = Scripts(r, ("renew", "settle", "release"))
+        self._scripts = Scripts(r, ("renew", "settle", "release", "batch_files"))
 
     async def pending(self) -> list[str]:
         """Batches a driver must work on, in id order."""
@@ -48,3 +49,8 @@ class BatchStore:
         """Out of the pending set when nothing is left for a driver to do."""
         return bool(await self._scripts["release"](
             keys=[keys.batch(batch_id), keys.BATCHES_PENDING], args=[batch_id]))
+
+    async def register_files(self, batch_id: str, files_key: str, ttl: int) -> bool:
+        """A finished batch's output and error files as file objects, if not yet (once)."""
+        return bool(await self._scripts["batch_files"](
+            keys=[keys.batch(batch_id), files_key], args=[repr(time.time()), ttl]))

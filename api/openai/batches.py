@@ -12,8 +12,8 @@ Life of a batch (OpenAI's statuses):
     cancelling   queued lines are cancelled; running ones finish
     -> cancelled
 
-Output and error files are rendered on read from the batch's result lists
-(`:out`, `:err` hold job ids), a chunk of lines at a time.
+Output and error files are registered when the batch settles and rendered on read
+(api/openai/batch_files.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from redis.exceptions import WatchError
@@ -30,14 +29,13 @@ from tokenq.api import admission, idempotency
 from tokenq.api.deps import AppState
 from tokenq.api.errors import Conflict, IdempotencyInProgress, InvalidRequest, NotFound
 from tokenq.api.idempotency import Idem
-from tokenq.api.openai import files
-from tokenq.api.openai.protocol import ENDPOINTS, final_response
+from tokenq.api.openai import batch_files, files
+from tokenq.api.openai.batch_files import TERMINAL
+from tokenq.api.openai.protocol import ENDPOINTS
 from tokenq.shared import keys
 from tokenq.shared.jobs import dumps
-from tokenq.shared.schemas import JobRecord
 
 WINDOWS = {"24h": 24 * 3600}
-TERMINAL = ("completed", "failed", "expired", "cancelled")
 _TIMES = ("in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
           "expired_at", "cancelling_at", "cancelled_at")
 
@@ -88,7 +86,9 @@ async def create(state: AppState, tenant: str, input_file_id: str, endpoint: str
          "completion_window": completion_window, "status": "validating",
          "created_at": repr(now), "expires_at": repr(now + WINDOWS[completion_window]),
          "output_file_id": "file-" + hex_ + "o", "error_file_id": "file-" + hex_ + "e",
-         "total": "0", "completed": "0", "failed": "0", "enqueued": "0", "cursor": "0"}
+         "total": "0", "completed": "0", "failed": "0", "enqueued": "0", "cursor": "0",
+         # where batch_settle registers the output files (shared/lua/terminal.lua)
+         "files_key": keys.tenant_files(tenant), "file_ttl": str(state.settings.api.file_ttl_s)}
     if metadata:
         h["metadata"] = dumps(metadata)
         if metadata.get("webhook_url"):
@@ -123,7 +123,7 @@ async def _replay(state: AppState, tenant: str, idem: Idem) -> dict[str, Any] | 
     batch_id, sha = idempotency.split(stored)
     idempotency.check_same_body(idem, sha)
     h: dict[str, str] = await state.redis.hgetall(keys.batch(batch_id))  # type: ignore[assignment]
-    return batch_object(h) if h and h.get("owner") == tenant else None
+    return await shown(state, h) if h and h.get("owner") == tenant else None
 
 
 async def _replay_or_conflict(state: AppState, tenant: str,
@@ -142,23 +142,32 @@ async def _hash(state: AppState, tenant: str, batch_id: str) -> dict[str, str]:
     return h
 
 
-async def get(state: AppState, tenant: str, batch_id: str) -> dict[str, Any]:
-    h = await _hash(state, tenant, batch_id)
-    if h["status"] in TERMINAL:
-        await _register_outputs(state, tenant, h)
+async def shown(state: AppState, h: dict[str, str]) -> dict[str, Any]:
+    """The batch object as every route shows it: a finished batch's file ids resolve."""
+    await batch_files.ensure_registered(state, h)
     return batch_object(h)
 
 
+async def get(state: AppState, tenant: str, batch_id: str) -> dict[str, Any]:
+    return await shown(state, await _hash(state, tenant, batch_id))
+
+
 async def listing(state: AppState, tenant: str, limit: int, after: str | None) -> dict[str, Any]:
+    """Newest first; `after` must be a batch of this list (400 otherwise, as jobs)."""
+    index = keys.tenant_batches(tenant)
+    start = 0
+    if after is not None:
+        rank: int | None = await state.redis.zrevrank(index, after)  # type: ignore[assignment]
+        if rank is None:
+            raise InvalidRequest(f"after: no batch {after!r} in this list", param="after")
+        start = rank + 1
     ids: list[str] = await state.redis.zrevrange(  # type: ignore[assignment]
-        keys.tenant_batches(tenant), 0, -1)
-    if after in ids:
-        ids = ids[ids.index(after) + 1:]
+        index, start, start + limit)
     out = []
-    for batch_id in ids[:limit + 1]:
+    for batch_id in ids:
         h: dict[str, str] = await state.redis.hgetall(keys.batch(batch_id))  # type: ignore[assignment]
         if h:
-            out.append(batch_object(h))
+            out.append(await shown(state, h))
     return {"object": "list", "data": out[:limit], "has_more": len(out) > limit,
             "first_id": out[0]["id"] if out else None,
             "last_id": out[min(limit, len(out)) - 1]["id"] if out else None}
@@ -167,7 +176,7 @@ async def listing(state: AppState, tenant: str, limit: int, after: str | None) -
 async def cancel(state: AppState, tenant: str, batch_id: str) -> dict[str, Any]:
     h = await _hash(state, tenant, batch_id)
     if h["status"] in ("cancelling", "cancelled"):
-        return batch_object(h)
+        return await shown(state, h)  # a repeated cancel answers the batch, as OpenAI's
     if h["status"] not in ("validating", "in_progress"):
         raise Conflict(f"batch {batch_id} is {h['status']} and cannot be cancelled")
     now = repr(time.time())
@@ -179,68 +188,3 @@ async def cancel(state: AppState, tenant: str, batch_id: str) -> dict[str, Any]:
     if wake is not None:
         wake.set()
     return batch_object(await _hash(state, tenant, batch_id))
-
-
-async def _register_outputs(state: AppState, tenant: str, h: dict[str, str]) -> None:
-    """Make a finished batch's output/error files visible as file objects (once)."""
-    for field, purpose, count in (("output_file_id", "batch_output", "completed"),
-                                  ("error_file_id", "batch_output", "failed")):
-        if int(h.get(count, 0)) == 0 or await state.redis.exists(keys.file(h[field])):
-            continue
-        fh = {"id": h[field], "owner": tenant, "purpose": purpose, "bytes": "0",
-              "filename": f"{h['id']}_{'output' if count == 'completed' else 'error'}.jsonl",
-              "created_at": h.get("completed_at") or h.get("cancelled_at") or repr(time.time()),
-              "kind": "batch_" + count, "batch": h["id"]}
-        await state.redis.hset(keys.file(h[field]), mapping=fh)  # type: ignore[arg-type]
-        await state.redis.expire(keys.file(h[field]), state.settings.api.file_ttl_s)
-        await state.redis.zadd(keys.tenant_files(tenant), {h[field]: time.time()})
-
-
-def output_line(endpoint: str, rec: JobRecord, custom_id: str) -> dict[str, Any]:
-    """One line of an output or error file, in OpenAI's batch output format."""
-    line: dict[str, Any] = {"id": "batch_req_" + rec.id.removeprefix("job_"),
-                            "custom_id": custom_id, "response": None, "error": None}
-    if rec.status == "succeeded":
-        line["response"] = {"status_code": 200, "request_id": rec.id,
-                            "body": final_response(endpoint, rec)}
-    elif rec.status in ("cancelled", "expired"):
-        code = "batch_cancelled" if rec.status == "cancelled" else "batch_expired"
-        line["error"] = {"code": code, "message": f"the request was {rec.status} before it ran"
-                         if rec.started_at is None else f"the request was {rec.status}"}
-    else:
-        err = rec.error
-        # Refused before it ran (a line rejected at enqueue: attempts 0) or by the engine
-        # for the request itself: the client's error; anything else: the server's.
-        status = 400 if err is not None and (rec.attempts == 0 or err.code in (
-            "context_length_exceeded", "bad_request")) else 500
-        line["response"] = {"status_code": status, "request_id": rec.id, "body": {"error": {
-            "message": err.message if err else "failed", "type": "server_error"
-            if status == 500 else "invalid_request_error", "code": err.code if err else None,
-            "param": None}}}
-    return line
-
-
-async def render(state: AppState, file_meta: dict[str, str], chunk: int = 256
-                 ) -> AsyncIterator[bytes]:
-    """A batch output/error file's JSONL, rendered from job records a chunk at a time."""
-    h: dict[str, str] = await state.redis.hgetall(  # type: ignore[assignment]
-        keys.batch(file_meta["batch"]))
-    key = (keys.batch_out if file_meta["kind"] == "batch_completed" else keys.batch_err)(
-        file_meta["batch"])
-    start = 0
-    while True:
-        ids: list[str] = await state.redis.lrange(  # type: ignore[assignment]
-            key, start, start + chunk - 1)
-        if not ids:
-            return
-        start += len(ids)
-        pipe = state.redis.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hgetall(keys.job(job_id))
-        lines = []
-        for rec_h in await pipe.execute():
-            if rec_h:
-                rec = JobRecord.from_hash(rec_h)
-                lines.append(dumps(output_line(h["endpoint"], rec, rec_h.get("custom_id", "")))
-                             + "\n")
-        yield "".join(lines).encode()

@@ -4,7 +4,7 @@ An upload is copied in 1 MiB pieces (APPEND to a Redis string, or a file under
 `files_dir`), so neither the upload nor a 10,000-line batch file is ever held
 whole in the API's memory; readers take it back the same way (GETRANGE).
 A batch's output and error files are not stored at all: their lines are
-rendered on read from the batch's result lists (api/openai/batches.py).
+rendered on read from the batch's result lists (api/openai/batch_files.py).
 Quotas, an upload's lease and its expiry (on disk too) are api/openai/file_store.py's.
 """
 
@@ -29,12 +29,14 @@ from tokenq.api.errors import (
     QuotaExceeded,
     RequestTimeout,
 )
+from tokenq.api.openai import batch_files
 from tokenq.api.openai.file_store import Refused
 from tokenq.shared import keys
 
 log = logging.getLogger(__name__)
 
 PIECE = 1 << 20
+LIST_CHUNK = 100  # file ids read per round trip while listing
 Purpose = Literal["batch", "batch_output", "user_data", "fine-tune", "assistants", "vision",
                   "evals"]
 UPLOAD_PURPOSES = ("batch", "user_data", "fine-tune", "assistants", "vision", "evals")
@@ -143,20 +145,39 @@ async def meta(state: AppState, tenant: str, file_id: str) -> dict[str, str]:
 
 
 async def listing(state: AppState, tenant: str, purpose: str | None, limit: int,
-                  after: str | None) -> dict[str, Any]:
-    ids: list[str] = await state.redis.zrevrange(  # type: ignore[assignment]
-        keys.tenant_files(tenant), 0, -1)
-    if after in ids:
-        ids = ids[ids.index(after) + 1:]
+                  after: str | None, order: str = "desc") -> dict[str, Any]:
+    """By creation time, newest first (`order=asc`: oldest first); `after` must be a file of
+    this list (400 otherwise, as jobs and batches)."""
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("order must be 'asc' or 'desc'", param="order")
+    index = keys.tenant_files(tenant)
+    page = state.redis.zrange if order == "asc" else state.redis.zrevrange
+    start = 0
+    if after is not None:
+        rank: int | None = await (state.redis.zrank if order == "asc"  # type: ignore[assignment]
+                                  else state.redis.zrevrank)(index, after)
+        if rank is None:
+            raise InvalidRequest(f"after: no file {after!r} in this list", param="after")
+        start = rank + 1
     out: list[dict[str, Any]] = []
-    for file_id in ids:
-        h: dict[str, str] = await state.redis.hgetall(keys.file(file_id))  # type: ignore[assignment]
-        if not h:
-            await state.redis.zrem(keys.tenant_files(tenant), file_id)
-        elif purpose is None or h["purpose"] == purpose:
-            out.append(file_object(h))
-            if len(out) > limit:
-                break
+    seen: set[str] = set()  # the index may move under the pages (uploads, deletes)
+    while len(out) <= limit:
+        ids: list[str] = await page(index, start, start + LIST_CHUNK - 1)  # type: ignore[assignment]
+        if not ids:
+            break
+        start += len(ids)
+        for file_id in ids:
+            if file_id in seen:
+                continue
+            seen.add(file_id)
+            h: dict[str, str] = await state.redis.hgetall(keys.file(file_id))  # type: ignore[assignment]
+            if not h:
+                if await state.redis.zrem(index, file_id):
+                    start -= 1  # the entries after it moved up by one
+            elif purpose is None or h["purpose"] == purpose:
+                out.append(file_object(await batch_files.with_size(state, h)))
+                if len(out) > limit:
+                    break
     return {"object": "list", "data": out[:limit], "has_more": len(out) > limit,
             "first_id": out[0]["id"] if out else None,
             "last_id": out[min(limit, len(out)) - 1]["id"] if out else None}
@@ -183,6 +204,25 @@ async def iter_bytes(state: AppState, file_id: str) -> AsyncIterator[bytes]:
             return
         offset += len(piece)
         yield piece
+
+
+class FileGone(Exception):
+    """The file was deleted (or expired) before, or while, it was read."""
+
+
+async def iter_whole(state: AppState, file_id: str) -> AsyncIterator[bytes]:
+    """`iter_bytes`, raising FileGone at its end unless the whole file was read: a deleted
+    file reads as empty or cut short (its content goes with its record), never as itself."""
+    size = 0
+    try:
+        async for piece in iter_bytes(state, file_id):
+            size += len(piece)
+            yield piece
+    except FileNotFoundError as exc:  # on disk (files_dir): unlinked
+        raise FileGone(file_id) from exc
+    stored = await state.redis.hget(keys.file(file_id), "bytes")
+    if stored is None or int(stored) != size:
+        raise FileGone(file_id)
 
 
 def _read(path: Path, offset: int) -> bytes:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
 
 from tokenq.api.deps import StateDep, TenantDep
-from tokenq.api.openai import batches, files
+from tokenq.api.openai import batch_files, files
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
@@ -23,20 +23,21 @@ async def create_file(state: StateDep, tenant: TenantDep,
 @router.get("")
 async def list_files(state: StateDep, tenant: TenantDep, purpose: str | None = None,
                      limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
-                     after: str | None = None) -> dict[str, Any]:
-    return await files.listing(state, tenant, purpose, limit, after)
+                     after: str | None = None, order: str = "desc") -> dict[str, Any]:
+    return await files.listing(state, tenant, purpose, limit, after, order)
 
 
 @router.get("/{file_id}")
 async def get_file(file_id: str, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
-    return files.file_object(await files.meta(state, tenant, file_id))
+    h = await files.meta(state, tenant, file_id)
+    return files.file_object(await batch_files.with_size(state, h))
 
 
 @router.get("/{file_id}/content")
 async def file_content(file_id: str, state: StateDep, tenant: TenantDep) -> StreamingResponse:
     h = await files.meta(state, tenant, file_id)
     body = (files.iter_bytes(state, file_id) if h.get("kind", "upload") == "upload"
-            else batches.render(state, h))
+            else batch_files.render(state, h))
     return StreamingResponse(body, media_type="application/octet-stream", headers={
         "Content-Disposition": f'attachment; filename="{h.get("filename", file_id)}"'})
 

@@ -15,18 +15,49 @@ local function webhook(kind, obj_id, url, tenant, now)
   redis.call('LTRIM', '@WEBHOOK_BELL@', 0, 0)
 end
 
--- Settle a batch whose lines have all ended once its driver finished enqueuing them.
+-- A settled batch's output and error files become file objects, once (`files_at` marks
+-- it): created at settle time and indexed in its tenant's files (`files_key`, named in the
+-- batch hash) for `ttl` seconds. A file deleted afterwards is never made again. Their
+-- `bytes` is measured on first read (api/openai/batch_files.py). A batch without
+-- `files_key` (written by an older API) is registered on read, with the key passed in.
+local function register_files(bk, now, files_key, ttl)
+  local b = redis.call('HMGET', bk, 'id', 'owner', 'output_file_id', 'error_file_id',
+                       'completed', 'failed', 'files_at')
+  if b[7] or not files_key then return 0 end
+  redis.call('HSET', bk, 'files_at', now)
+  local expires = math.floor(tonumber(now) + tonumber(ttl))
+  local outputs = {{b[3], b[5], 'batch_completed', 'output'},
+                   {b[4], b[6], 'batch_failed', 'error'}}
+  for _, o in ipairs(outputs) do
+    local fk = '@FILE_PREFIX@' .. (o[1] or '')
+    -- (one an older API registered on read is kept as it is)
+    if o[1] and (tonumber(o[2]) or 0) > 0 and redis.call('EXISTS', fk) == 0 then
+      redis.call('HSET', fk, 'id', o[1], 'owner', b[2], 'purpose', 'batch_output',
+                 'filename', b[1] .. '_' .. o[4] .. '.jsonl', 'created_at', now,
+                 'expires_at', expires, 'kind', o[3], 'batch', b[1])
+      redis.call('EXPIRE', fk, ttl)
+      redis.call('ZADD', files_key, now, o[1])
+    end
+  end
+  return 1
+end
+
+-- Settle a batch whose lines have all ended once its driver finished enqueuing them: every
+-- line of its `total` (the validated lines) is counted, as `completed` or `failed`, before
+-- it settles (a line the driver could not enqueue is counted by the driver: reject.lua).
 -- Returns the batch's status (after settling), or false for a missing batch.
 local function batch_settle(bk, now)
   local b = redis.call('HMGET', bk, 'status', 'enqueued', 'enqueue_done', 'completed', 'failed',
-                       'expired', 'webhook_url', 'id', 'owner')
+                       'expired', 'webhook_url', 'id', 'owner', 'total', 'files_key', 'file_ttl')
   if b[3] ~= '1' or (b[1] ~= 'in_progress' and b[1] ~= 'cancelling') then return b[1] end
-  if (tonumber(b[4]) or 0) + (tonumber(b[5]) or 0) < (tonumber(b[2]) or 0) then return b[1] end
+  local lines = math.max(tonumber(b[2]) or 0, tonumber(b[10]) or 0)
+  if (tonumber(b[4]) or 0) + (tonumber(b[5]) or 0) < lines then return b[1] end
   local final = 'completed'
   if b[1] == 'cancelling' then final = 'cancelled'
   elseif (tonumber(b[6]) or 0) > 0 then final = 'expired' end
   redis.call('HSET', bk, 'status', final, final .. '_at', now, 'finalizing_at', now)
   redis.call('SREM', '@BATCHES_PENDING@', b[8])
+  register_files(bk, now, b[11], b[12])
   if b[7] then webhook('batch.' .. final, b[8], b[7], b[9], now) end
   return final
 end

@@ -1,0 +1,107 @@
+"""A finished batch's output and error files: registered as file objects, rendered on read.
+
+The files are not stored. `batch_settle` (shared/lua/terminal.lua) registers them once,
+when the batch settles, so the ids a finished batch shows resolve on every route (files
+retrieve, content, list) whichever route showed them; a file deleted afterwards stays
+deleted (404) while the batch keeps showing its id, as OpenAI's does. Their lines are
+rendered from the job records (`:out`, `:err` hold the job ids) a chunk at a time; the
+size, which rendering alone can tell, is measured on the first read of the file object
+and kept in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from redis.exceptions import WatchError
+
+from tokenq.api.deps import AppState
+from tokenq.api.openai.batch_store import BatchStore
+from tokenq.api.openai.protocol import final_response
+from tokenq.shared import keys
+from tokenq.shared.jobs import dumps
+from tokenq.shared.schemas import JobRecord
+
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+async def ensure_registered(state: AppState, h: dict[str, str]) -> None:
+    """A finished batch settled without registering its files (a hash without `files_key`:
+    an older API's) registers them now, once (shared/lua/batch_files.lua)."""
+    if h["status"] not in TERMINAL or h.get("files_at") or h.get("files_key"):
+        return
+    await BatchStore(state.redis, "").register_files(
+        h["id"], keys.tenant_files(h["owner"]), state.settings.api.file_ttl_s)
+    h["files_at"] = "1"
+
+
+async def with_size(state: AppState, h: dict[str, str]) -> dict[str, str]:
+    """The file's hash with its `bytes`: an output or error file's is measured (rendered
+    once) and kept in its hash, unless the file was deleted meanwhile."""
+    if h.get("kind", "upload") == "upload" or "bytes" in h:
+        return h
+    size = 0
+    async for piece in render(state, h):
+        size += len(piece)
+    key = keys.file(h["id"])
+    async with state.redis.pipeline(transaction=True) as pipe:
+        await pipe.watch(key)
+        if await pipe.exists(key):  # never write into a deleted file's key: it would return
+            pipe.multi()  # type: ignore[no-untyped-call]
+            pipe.hset(key, "bytes", str(size))
+            try:
+                await pipe.execute()
+            except WatchError:
+                pass  # deleted (or measured) meanwhile
+    return {**h, "bytes": str(size)}
+
+
+def output_line(endpoint: str, rec: JobRecord, custom_id: str) -> dict[str, Any]:
+    """One line of an output or error file, in OpenAI's batch output format."""
+    line: dict[str, Any] = {"id": "batch_req_" + rec.id.removeprefix("job_"),
+                            "custom_id": custom_id, "response": None, "error": None}
+    if rec.status == "succeeded":
+        line["response"] = {"status_code": 200, "request_id": rec.id,
+                            "body": final_response(endpoint, rec)}
+    elif rec.status in ("cancelled", "expired"):
+        code = "batch_cancelled" if rec.status == "cancelled" else "batch_expired"
+        line["error"] = {"code": code, "message": f"the request was {rec.status} before it ran"
+                         if rec.started_at is None else f"the request was {rec.status}"}
+    else:
+        err = rec.error
+        # Refused before it ran (a line rejected at enqueue: attempts 0) or by the engine
+        # for the request itself: the client's error; anything else: the server's.
+        status = 400 if err is not None and (rec.attempts == 0 or err.code in (
+            "context_length_exceeded", "bad_request")) else 500
+        line["response"] = {"status_code": status, "request_id": rec.id, "body": {"error": {
+            "message": err.message if err else "failed", "type": "server_error"
+            if status == 500 else "invalid_request_error", "code": err.code if err else None,
+            "param": None}}}
+    return line
+
+
+async def render(state: AppState, file_meta: dict[str, str], chunk: int = 256
+                 ) -> AsyncIterator[bytes]:
+    """A batch output/error file's JSONL, rendered from job records a chunk at a time."""
+    h: dict[str, str] = await state.redis.hgetall(  # type: ignore[assignment]
+        keys.batch(file_meta["batch"]))
+    key = (keys.batch_out if file_meta["kind"] == "batch_completed" else keys.batch_err)(
+        file_meta["batch"])
+    start = 0
+    while True:
+        ids: list[str] = await state.redis.lrange(  # type: ignore[assignment]
+            key, start, start + chunk - 1)
+        if not ids:
+            return
+        start += len(ids)
+        pipe = state.redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(keys.job(job_id))
+        lines = []
+        for rec_h in await pipe.execute():
+            if rec_h:
+                rec = JobRecord.from_hash(rec_h)
+                lines.append(dumps(output_line(h["endpoint"], rec, rec_h.get("custom_id", "")))
+                             + "\n")
+        yield "".join(lines).encode()
