@@ -1,8 +1,8 @@
 """The batch driver's Redis protocol: its lease on a batch, settling and releasing it.
 
 The scripts are shared/lua/renew.lua, settle.lua (the job scripts' own settle, for
-batches whose lines all ended before the driver finished), release.lua and batch_files.lua
-(an older API's finished batch registers its output files on read).
+batches whose lines all ended before the driver finished), release.lua, batch_files.lua
+(an older API's finished batch registers its output files on read) and batch_cancel.lua.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ class BatchStore:
     def __init__(self, r: aioredis.Redis, owner: str):
         self.r = r
         self.owner = owner  # this driver's lease value
-        self._scripts = Scripts(r, ("renew", "settle", "release", "batch_files"))
+        self._scripts = Scripts(r, ("renew", "settle", "release", "batch_files",
+                                       "batch_cancel"))
 
     async def pending(self) -> list[str]:
         """Batches a driver must work on, in id order."""
@@ -49,6 +50,13 @@ class BatchStore:
         """Out of the pending set when nothing is left for a driver to do."""
         return bool(await self._scripts["release"](
             keys=[keys.batch(batch_id), keys.BATCHES_PENDING], args=[batch_id]))
+
+    async def cancel(self, batch_id: str) -> str | None:
+        """`cancelling` if it is still validating or in progress; the status it found."""
+        status = await self._scripts["batch_cancel"](
+            keys=[keys.batch(batch_id), keys.BATCHES_PENDING],
+            args=[batch_id, repr(time.time())])
+        return str(status) if status else None
 
     async def register_files(self, batch_id: str, files_key: str, ttl: int) -> bool:
         """A finished batch's output and error files as file objects, if not yet (once)."""

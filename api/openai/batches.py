@@ -31,6 +31,7 @@ from tokenq.api.errors import Conflict, IdempotencyInProgress, InvalidRequest, N
 from tokenq.api.idempotency import Idem
 from tokenq.api.openai import batch_files, files
 from tokenq.api.openai.batch_files import TERMINAL
+from tokenq.api.openai.batch_store import BatchStore
 from tokenq.api.openai.protocol import ENDPOINTS
 from tokenq.shared import keys
 from tokenq.shared.jobs import dumps
@@ -177,13 +178,12 @@ async def cancel(state: AppState, tenant: str, batch_id: str) -> dict[str, Any]:
     h = await _hash(state, tenant, batch_id)
     if h["status"] in ("cancelling", "cancelled"):
         return await shown(state, h)  # a repeated cancel answers the batch, as OpenAI's
-    if h["status"] not in ("validating", "in_progress"):
-        raise Conflict(f"batch {batch_id} is {h['status']} and cannot be cancelled")
-    now = repr(time.time())
-    pipe = state.redis.pipeline(transaction=True)
-    pipe.hset(keys.batch(batch_id), mapping={"status": "cancelling", "cancelling_at": now})
-    pipe.sadd(keys.BATCHES_PENDING, batch_id)
-    await pipe.execute()
+    found = await BatchStore(state.redis, "").cancel(batch_id) \
+        if h["status"] in ("validating", "in_progress") else h["status"]
+    if found in ("cancelling", "cancelled"):
+        return await shown(state, await _hash(state, tenant, batch_id))
+    if found not in ("validating", "in_progress"):  # it ended meanwhile (or had)
+        raise Conflict(f"batch {batch_id} is {found} and cannot be cancelled")
     wake = state.background.get("batch_wake")
     if wake is not None:
         wake.set()

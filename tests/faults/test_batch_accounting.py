@@ -220,3 +220,34 @@ def test_a_repeated_cancel_answers_the_batch_and_a_finished_one_is_409(stack: St
     text = " ".join(DOC.read_text().split())
     assert ("409 cancelling a batch that is `completed`, `failed` or `expired` (cancelling a "
             "`cancelling` or `cancelled` batch answers 200 with the batch, unchanged") in text
+
+
+def test_a_cancel_landing_after_the_last_line_leaves_the_batch_completed(
+        stack: Stack) -> None:
+    """The cancel looked at the status, then wrote `cancelling`: a cancel arriving just
+    after the last line settled the batch turned a `completed` batch into `cancelling`,
+    then `cancelled` (a second webhook). The look and the write are one script now: here
+    the race's second half, the batch completed under a cancel that saw it in progress."""
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from tokenq.api.openai.batch_store import BatchStore
+    from tokenq.shared import keys
+
+    alpha = client(stack, "alpha")
+    done = wait_done(alpha, create(alpha, LINES))
+    assert done.status == "completed"
+
+    async def cancel() -> str | None:
+        r = aioredis.Redis.from_url(stack.redis_url, decode_responses=True)
+        try:
+            return await BatchStore(r, "").cancel(done.id)
+        finally:
+            await r.aclose()
+
+    assert asyncio.run(cancel()) == "completed"
+    r = redis_of(stack)
+    assert r.hget(keys.batch(done.id), "status") == "completed"
+    assert not r.sismember(keys.BATCHES_PENDING, done.id)
+    assert alpha.batches.retrieve(done.id).status == "completed"
