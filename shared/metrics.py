@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-# Buckets for LLM latencies: tens of ms (one token) to minutes (a long job in a queue).
+# Buckets for LLM latencies: tens of ms (one token) to an hour (a batch line that waited
+# behind a backlog: it runs within the batch's window, not within minutes).
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-                   300.0)
+                   300.0, 600.0, 1800.0, 3600.0)
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 
 

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 # A waiting task thread is woken by its handle's nudge; it looks on its own only this often,
 # a safety net (it used to poll every 0.25 s: 4 wake-ups a second per slot).
 WATCHDOG_S = 5.0
+FIRST_TOKEN_LOOK = 16  # stream entries read to find the first token (events before it: few)
 FENCED_LET_GO_S = 5.0  # a fenced attempt's engine gets this long to let go of the job
 
 
@@ -145,7 +146,7 @@ def _run_job(rt: WorkerRuntime, job_id: str,
     try:
         outcome = wait(rt, job_id, got.attempt, handle)
         try:
-            observe(rt, job_id, got.attempt, started, handle)
+            observe(rt, job_id, started, handle)
             trace(rt, job_id, got.attempt, (acquire_start, acquire_end), handle)
         except redis.RedisError:
             log.warning("job %s: metrics skipped (Redis unavailable)", job_id)
@@ -227,7 +228,7 @@ def wait(rt: WorkerRuntime, job_id: str, attempt: int, handle: JobHandle) -> str
     return handle.outcome
 
 
-def observe(rt: WorkerRuntime, job_id: str, attempt: int, started: float,
+def observe(rt: WorkerRuntime, job_id: str, started: float,
             handle: JobHandle) -> None:
     """Latencies are measured from the job's creation, so they include the queue."""
     m, model, now = rt.metrics, rt.model, time.time()
@@ -239,18 +240,35 @@ def observe(rt: WorkerRuntime, job_id: str, attempt: int, started: float,
     if handle.outcome == "succeeded" and not handle.resumed:  # the pace placement reads
         rt.pace.observe(started=started, first_token_at=handle.first_token_at, ended=now,
                         prompt=prompt, completion=completion)
-    if attempt != 1 or handle.outcome != "succeeded":
+    if handle.outcome != "succeeded":
         return  # (a preempted job's slot is taken again sooner without the read)
-    created = rt.r.hget(keys.job(job_id), "created_at")
-    if not created:
+    # Every job that succeeds is measured once, by the attempt that finished it, from the
+    # job's creation: a preempted or taken-over job too (queue time ends at its first start,
+    # its first token is the one an earlier attempt streamed).
+    rec: list[str | None] = rt.r.hmget(  # type: ignore[assignment]
+        keys.job(job_id), ["created_at", "started_at"])
+    if not rec[0]:
         return
-    t0 = float(created)
-    m.queue_time.labels(model).observe(max(0.0, started - t0))
+    t0 = float(rec[0])
+    m.queue_time.labels(model).observe(max(0.0, float(rec[1] or started) - t0))
     m.e2e.labels(model).observe(max(0.0, now - t0))
-    if handle.first_token_at is not None:
-        m.ttft.labels(model).observe(max(0.0, handle.first_token_at - t0))
-        if completion > 1:
-            m.tpot.labels(model).observe((now - handle.first_token_at) / (completion - 1))
+    first = first_token_time(rt.r, job_id) if handle.resumed else handle.first_token_at
+    if first is not None:
+        m.ttft.labels(model).observe(max(0.0, first - t0))
+    ours = completion - handle.resumed  # this attempt's tokens, the first at first_token_at
+    if handle.first_token_at is not None and ours > 1:
+        m.tpot.labels(model).observe((now - handle.first_token_at) / (ours - 1))
+
+
+def first_token_time(r: redis.Redis, job_id: str) -> float | None:
+    """When the job's first token reached its stream (its entry id is the write's time in
+    milliseconds): the time to first token of a job an earlier attempt began."""
+    entries: list[tuple[str, dict[str, str]]] = r.xrange(  # type: ignore[assignment]
+        keys.job_events(job_id), count=FIRST_TOKEN_LOOK)
+    for entry_id, fields in entries:
+        if fields.get("e") == "token":
+            return int(entry_id.split("-")[0]) / 1000
+    return None
 
 
 def trace(rt: WorkerRuntime, job_id: str, attempt: int, acquired: tuple[float, float],

@@ -16,7 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
+from tests.integration.test_metrics import value
 from tokenq.cli.stack import Stack
 from tokenq.client.sse import RawEvent, stream_events
 from tokenq.shared.settings import Settings
@@ -102,7 +104,30 @@ def assert_stream_is_record(rec: dict[str, Any], seen: list[RawEvent]) -> None:
     assert sum(e.event == "queued" and e.id is not None for e in seen) == 1 + rec["preemptions"]
 
 
+def worker_metrics(st: Stack) -> str:
+    r = redis.Redis.from_url(st.redis_url, decode_responses=True)
+    beats = [json.loads(v) for v in r.hgetall("tokenq:workers").values()]  # type: ignore[union-attr]
+    port = next(b["metrics_port"] for b in beats if b["model"] == MODEL)
+    return httpx.get(f"http://127.0.0.1:{port}/metrics").text
+
+
+LATENCIES = ("tokenq_e2e_request_latency_seconds_count", "tokenq_queue_time_seconds_count",
+             "tokenq_time_to_first_token_seconds_count")
+
+
+def latency_counts(st: Stack) -> list[float]:
+    text = worker_metrics(st)
+    out = []
+    for name in LATENCIES:
+        try:
+            out.append(value(text, name, model=MODEL))
+        except AssertionError:  # not observed yet
+            out.append(0.0)
+    return out
+
+
 def test_high_job_preempts_a_low_one_which_resumes_without_gap(preempt_stack: Stack) -> None:
+    counts0 = latency_counts(preempt_stack)
     with httpx.Client(base_url=preempt_stack.url, timeout=60) as client:
         lows = [submit(client, "low", LOW_PROMPT, 160) for _ in range(3)]  # 2 slots + backlog
         watchers = [attach(client, j) for j in lows]
@@ -123,6 +148,12 @@ def test_high_job_preempts_a_low_one_which_resumes_without_gap(preempt_stack: St
         last_low = max(rec["finished_at"] for rec in recs)
         for job_id in highs:
             assert client.get(f"/v1/jobs/{job_id}").json()["finished_at"] < last_low
+    # every job is in the latency histograms once, the preempted ones too (the task
+    # records just after the terminal write)
+    deadline = time.monotonic() + 10
+    while latency_counts(preempt_stack) != [c + 6 for c in counts0]:
+        assert time.monotonic() < deadline, (counts0, latency_counts(preempt_stack))
+        time.sleep(0.1)
 
 
 def test_a_job_that_asks_for_exact_text_is_not_preempted(preempt_stack: Stack) -> None:
