@@ -15,7 +15,8 @@ llama-server). Every step:
    wait for their first token as decode, else chunks that keep the step within
    `prefill_itl_ratio` times a decode-only step (chunked prefill, budget.py); batch
    (low-priority) prompts only in chunks of at most that or `batch_prefill_tokens`, and
-   batch streams sit out a step that takes another job's whole prompt;
+   batch streams sit out a step that takes another job's whole prompt (a job sits out
+   steps after its grammar needed whole-vocabulary passes: llamacpp_seq.py);
 3. llama_decode once (an interactive job may stop it under way: StepAbort); sample each
    sequence from its own row with its own sampler chain (JSON-schema grammar,
    penalties, top-k, top-p, temperature, seeded dist);
@@ -63,7 +64,14 @@ from tokenq.workers.engines.llamacpp_sampling import (
     grammar_busy,
     row_logprobs,
 )
-from tokenq.workers.engines.llamacpp_seq import Seq, fork, share_prefill, undo
+from tokenq.workers.engines.llamacpp_seq import (
+    Seq,
+    awake,
+    fork,
+    rest_after_slow,
+    share_prefill,
+    undo,
+)
 from tokenq.workers.engines.llamacpp_slots import SlotPool, warm_slots
 
 __all__ = ["LlamaCppEngine", "Vocab"]
@@ -323,8 +331,9 @@ class LlamaCppEngine:
             return not s.req.background and (
                 s.req.urgent or len(s.tokens) <= self.cfg.prefill_whole_tokens)
 
-        order = sorted((s for s in self._active.values()
-                        if s.group == group and s.leader is None),
+        now = time.monotonic()
+        order = sorted(awake((s for s in self._active.values()
+                              if s.group == group and s.leader is None), now),
                        key=lambda s: (s.prefilling, not whole(s)))
         takes = self.budget.split([Want(len(s.tokens), s.prefilling, whole(s), s.req.background)
                                    for s in order])
@@ -364,6 +373,7 @@ class LlamaCppEngine:
         self.prefix_reused_tokens += sum(f.n_past for f, _ in forked)
         rows += forked
         toks = self.sampling.sample(self.ctx, [(seq.sampler, row) for seq, row in rows])
+        rest_after_slow(list(self._active.values()), time.monotonic())
         for (seq, row), tok in zip(rows, toks, strict=True):
             if seq.req.params.logprobs is not None and not self.vocab.is_eog(tok):
                 seq.logprobs[seq.generated] = row_logprobs(self.ctx, self.vocab, row, tok,

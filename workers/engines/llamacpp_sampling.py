@@ -99,7 +99,11 @@ class Sampler:
         self.n_vocab = n_vocab
         self.chain = self._chain(n_vocab, p)
         self.grammar: Any = None
+        self._likely: LikelyFirst | None = None
         self.grammar_since: float | None = None  # applying the grammar since (monotonic)
+        # seconds of whole-vocabulary grammar passes since the engine last looked (it makes
+        # the job sit out steps for them: llamacpp_seq.py `rest_after_slow`)
+        self.slow_s = 0.0
         if p.json_schema is not None:
             try:
                 self.grammar = compile_grammar(vocab, p.json_schema)
@@ -131,8 +135,8 @@ class Sampler:
         return None
 
     @staticmethod
-    def _chain(n_vocab: int, p: SamplingParams) -> Any:
-        """llama-server's order: logit bias, penalties, top-k, top-p, min-p, temperature."""
+    def shaping_chain(n_vocab: int, p: SamplingParams) -> Any:
+        """The chain's links that change logits by request and history: bias, penalties."""
         if any(t < 0 or t >= n_vocab for t in p.logit_bias):
             raise ValueError(f"logit_bias token ids must be in [0, {n_vocab})")
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
@@ -146,6 +150,12 @@ class Sampler:
                 chain, ll.llama_sampler_init_penalties(
                     n_vocab, PENALTY_LAST_N, p.repetition_penalty, p.frequency_penalty,
                     p.presence_penalty))
+        return chain
+
+    @staticmethod
+    def _chain(n_vocab: int, p: SamplingParams) -> Any:
+        """llama-server's order: logit bias, penalties, top-k, top-p, min-p, temperature."""
+        chain = Sampler.shaping_chain(n_vocab, p)
         if p.temperature <= 0.0:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
             return chain
@@ -167,6 +177,8 @@ class Sampler:
             ll.llama_sampler_accept(self.chain, tok)
             if self.grammar is not None:
                 ll.llama_sampler_accept(self.grammar, tok)
+            if self._likely is not None:
+                self._likely.accept(tok)
 
     def sample(self, ctx: Any, row: int) -> int:
         # (np.ctypeslib.as_array builds a pointer type per call: a fifth of a fast draw)
@@ -186,10 +198,16 @@ class Sampler:
         tok = self._pick(logits, with_grammar=False)
         if not self._allowed(tok):  # the slow path: the likeliest candidates, else all
             got = self._likely.pick(self, logits) if self._likely is not None else None
-            tok = got if got is not None else self._pick(logits, with_grammar=True)
+            if got is None:
+                t0 = time.perf_counter()
+                got = self._pick(logits, with_grammar=True)
+                self.slow_s += time.perf_counter() - t0
+            tok = got
         ll.llama_sampler_accept(self.grammar, tok)
         self.grammar_since = None
         ll.llama_sampler_accept(self.chain, tok)
+        if self._likely is not None:
+            self._likely.accept(tok)
         return tok
 
     def _pick(self, logits: Any, *, with_grammar: bool) -> int:
@@ -230,6 +248,9 @@ class Sampler:
         if self.grammar is not None:
             ll.llama_sampler_free(self.grammar)
             self.grammar = None
+        if self._likely is not None:
+            self._likely.free()
+            self._likely = None
 
 
 class LikelyFirst:
@@ -240,38 +261,55 @@ class LikelyFirst:
     with Gemma's 262k), on the engine thread, so every job in the step waits for it; with
     a logit bias on a token the grammar refuses, one tenant's job paid it every step and
     slowed every other job on the worker. Over the likeliest 1,024 it costs ~2% of that.
-    Exact, not approximate: with no penalty in the chain a candidate's final logit is its
-    logit plus its bias, every token outside the subset has one at most `floor` (the
-    highest outside it), so when the greedy winner, or each of top-k's k, is above
-    `floor`, the whole vocabulary yields the same candidates in the same order. Sampling
-    without top-k (or with penalties, which move logits by history) keeps the whole-
-    vocabulary draw."""
+    Exact, not approximate: a candidate's final logit is at most its logit plus its bias
+    (penalties with repetition_penalty >= 1 and frequency/presence >= 0 only lower it), so
+    every token outside the subset ends at most `floor` (the highest such bound outside
+    it). When the greedy winner, or each of top-k's k, ends above `floor` (its final logit
+    computed by the same bias and penalty samplers, fed the same tokens), the whole
+    vocabulary yields the same candidates in the same order. Sampling without top-k, or
+    with a penalty that can raise a logit, keeps the whole-vocabulary draw."""
 
-    def __init__(self, p: SamplingParams):
+    def __init__(self, n_vocab: int, p: SamplingParams):
         self.k = 1 if p.temperature <= 0.0 else p.top_k
         self.bias_ids = np.fromiter(p.logit_bias, dtype=np.int64, count=len(p.logit_bias))
         self.bias = np.fromiter(p.logit_bias.values(), dtype=np.float32,
                                 count=len(p.logit_bias))
         self.cands = (ll.llama_token_data * LIKELY)()
         self.view = np.ctypeslib.as_array(self.cands)
+        # the chain's bias and penalties alone, fed the same tokens: the subset's final
+        # logits (None without penalties: then they are the logits plus the bias)
+        self.pre: Any = None
+        if p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
+            self.pre = Sampler.shaping_chain(n_vocab, p)
+            self.scratch = (ll.llama_token_data * LIKELY)()
+            self.scratch_view = np.ctypeslib.as_array(self.scratch)
 
     @classmethod
     def of(cls, n_vocab: int, p: SamplingParams) -> LikelyFirst | None:
-        penalties = (p.repetition_penalty != 1.0 or p.frequency_penalty
-                     or p.presence_penalty)
+        lowering = (p.repetition_penalty >= 1.0 and p.frequency_penalty >= 0.0
+                    and p.presence_penalty >= 0.0)
         greedy_or_top_k = p.temperature <= 0.0 or 0 < p.top_k <= LIKELY // 4
-        if penalties or not greedy_or_top_k or n_vocab < 4 * LIKELY:
+        if not lowering or not greedy_or_top_k or n_vocab < 4 * LIKELY:
             return None
-        return cls(p)
+        return cls(n_vocab, p)
+
+    def accept(self, tok: int) -> None:
+        if self.pre is not None:
+            ll.llama_sampler_accept(self.pre, tok)
+
+    def free(self) -> None:
+        if self.pre is not None:
+            ll.llama_sampler_free(self.pre)
+            self.pre = None
 
     def pick(self, sampler: Sampler, logits: Any) -> int | None:
         """The constrained draw, or None when it is not provably the whole one's."""
-        final = logits
+        bound = logits
         if self.bias_ids.size:
-            final = logits.copy()
-            final[self.bias_ids] += self.bias
-        part = np.argpartition(final, -(LIKELY + 1))
-        floor = final[part[-(LIKELY + 1)]]
+            bound = logits.copy()
+            bound[self.bias_ids] += self.bias
+        part = np.argpartition(bound, -(LIKELY + 1))
+        floor = bound[part[-(LIKELY + 1)]]
         ids = np.sort(part[-LIKELY:])  # id order, as in the whole row: ties resolve alike
         v = self.view
         v["id"] = ids
@@ -280,8 +318,16 @@ class LikelyFirst:
         arr = ll.llama_token_data_array(data=self.cands, size=LIKELY, selected=-1,
                                         sorted=False)
         ll.llama_sampler_apply(sampler.grammar, ctypes.byref(arr))
-        allowed = final[ids][np.isfinite(v["logit"])]
-        if allowed.size < self.k or np.partition(allowed, -self.k)[-self.k] <= floor:
+        allowed = np.isfinite(v["logit"])
+        if self.pre is None:
+            final = bound[ids][allowed]
+        else:  # (refused ones stay -inf through bias and penalties)
+            self.scratch_view[:] = v
+            pre = ll.llama_token_data_array(data=self.scratch, size=LIKELY, selected=-1,
+                                            sorted=False)
+            ll.llama_sampler_apply(self.pre, ctypes.byref(pre))
+            final = self.scratch_view["logit"][allowed]
+        if final.size < self.k or np.partition(final, -self.k)[-self.k] <= floor:
             return None
         ll.llama_sampler_apply(sampler.chain, ctypes.byref(arr))
         return int(arr.data[arr.selected].id)

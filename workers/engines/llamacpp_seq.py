@@ -9,7 +9,7 @@ only the prompt's last token again (for fresh logits).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,8 @@ class Seq:
     # (the n choices of one request): it waits, then takes a copy of the leader's KV and
     # samples its first token from the leader's last prompt row.
     leader: Seq | None = None
+    # sits out steps until then (monotonic) for its whole-vocabulary grammar passes
+    rest_until: float = 0.0
 
     @property
     def prefilling(self) -> bool:
@@ -101,3 +103,30 @@ def undo(mem: Any, plan: list[tuple[Seq, list[int]]]) -> None:
         seq.n_past -= len(take)
         seq.tokens = take + seq.tokens
         ll.llama_memory_seq_rm(mem, seq.seq_id, seq.n_past, -1)
+
+
+# A job whose grammar needed a whole-vocabulary pass (a refused token LikelyFirst could not
+# redraw exactly: sampling without top-k, or a penalty that may raise a logit) sits out
+# steps for REST_FACTOR times that pass's time, times the jobs resting: whatever their
+# number, such passes take at most about 1/REST_FACTOR of the engine's time, and every
+# other job keeps most of its pace (the pass runs on the engine's thread, in every job's
+# step). A job that needs one now and then (40-80 ms) misses a step or two.
+REST_FACTOR = 2.0
+
+
+def rest_after_slow(seqs: Sequence[Seq], now: float) -> None:
+    slow = [s for s in seqs if s.sampler.slow_s > 0.0]
+    if not slow:
+        return
+    resting = sum(1 for s in seqs if s.rest_until > now or s.sampler.slow_s > 0.0)
+    for s in slow:
+        s.rest_until = now + REST_FACTOR * s.sampler.slow_s * resting
+        s.sampler.slow_s = 0.0
+
+
+def awake(seqs: Iterable[Seq], now: float) -> list[Seq]:
+    """The jobs that take part in this step: those not resting, or all when every one
+    is (resting only ever yields the engine to others)."""
+    seqs = list(seqs)
+    up = [s for s in seqs if s.rest_until <= now]
+    return up or seqs
