@@ -8,6 +8,9 @@ batch id and line number (CREATE skips an id that exists) and the cursor is
 saved after each chunk; a chunk's lines are written in one pipelined round trip
 (AsyncJobStore.create_many). The input file is read a piece at a time, so a
 10,000-line batch never needs 10,000 objects in memory.
+
+A replica drives up to MAX_DRIVEN batches at once, one per tenant: one tenant's 50,000-line
+batch (a minute or more of validation) no longer holds every other tenant's batch back.
 """
 
 from __future__ import annotations
@@ -40,13 +43,14 @@ from tokenq.api.openai.batch_lines import (
 )
 from tokenq.api.openai.batch_lines import line_job_id as line_job_id  # (tokenq bench scale)
 from tokenq.api.openai.batch_store import BatchStore
-from tokenq.shared import keys
+from tokenq.shared import aio, keys
 from tokenq.shared.jobs import Created, NewJob, NewRejection, QueueFull, TenantFull, dumps
 from tokenq.shared.schemas import JobErrorInfo
 
 log = logging.getLogger(__name__)
 
 MAX_REPORTED_ERRORS = 100
+MAX_DRIVEN = 4  # batches a replica works on at once (one per tenant)
 MAX_DRIVER_FAILURES = 3  # tries of a batch whose processing raises, then it is given up
 BATCH_LANE_SHARE = 0.9  # of a lane's queue_limit, batch lines fill at most (batch_lane_limit)
 
@@ -76,26 +80,55 @@ class BatchDriver:
         self.wake = asyncio.Event()
         self.batches = BatchStore(self.r, self.me)
         self._stopping = False
+        self._driving: dict[str, tuple[str, asyncio.Task[None]]] = {}  # batch: owner, task
 
     async def run(self) -> None:
         cpu.PATIENT.set(True)  # lines wait for their tenant's share of the CPU pool, never 429
-        while not self._stopping:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=1.0)
-            self.wake.clear()
-            if self._stopping or self.state.draining:
+        try:
+            while not self._stopping:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), timeout=1.0)
+                self.wake.clear()
+                if self._stopping or self.state.draining:
+                    continue
+                try:
+                    await self.start_more()
+                except RedisError as exc:
+                    log.warning("batch driver: %s; retrying", exc)
+                except Exception:
+                    log.exception("batch driver failed; retrying")
+        finally:
+            for _, task in list(self._driving.values()):
+                await aio.cancel_and_wait(task)
+
+    async def start_more(self) -> None:
+        """Pending batches this replica is not driving, each in a task of its own, up to
+        MAX_DRIVEN and one per tenant (a batch another replica holds is skipped: its
+        lease). A batch left pending (its lane full, its lines still running) is looked at
+        again on the next wake or second."""
+        for batch_id in await self.batches.pending():
+            if len(self._driving) >= MAX_DRIVEN:
+                return
+            if batch_id in self._driving:
                 continue
-            try:
-                for batch_id in await self.batches.pending():
-                    if await self.batches.take_lease(batch_id):
-                        try:
-                            await self.work_isolated(batch_id)
-                        finally:
-                            await self.batches.drop_lease(batch_id)
-            except RedisError as exc:
-                log.warning("batch driver: %s; retrying", exc)
-            except Exception:
-                log.exception("batch driver failed; retrying")
+            owner = str(await self.r.hget(keys.batch(batch_id), "owner") or "")
+            if owner and any(o == owner for o, _ in self._driving.values()):
+                continue
+            if await self.batches.take_lease(batch_id):
+                task = asyncio.create_task(self.drive(batch_id), name=f"tokenq-{batch_id}")
+                self._driving[batch_id] = (owner, task)
+
+    async def drive(self, batch_id: str) -> None:
+        try:
+            await self.work_isolated(batch_id)
+        except RedisError as exc:
+            log.warning("batch %s: %s; retrying", batch_id, exc)
+        except Exception:
+            log.exception("batch %s: driver failed; retrying", batch_id)
+        finally:
+            self._driving.pop(batch_id, None)
+            with contextlib.suppress(RedisError):
+                await self.batches.drop_lease(batch_id)
 
     async def work_isolated(self, batch_id: str) -> None:
         """`work`, where a batch that raises harms only itself: the next batches go on, and
