@@ -11,13 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-import openai
 import pytest
 import redis
 
 from tests.faults.conftest import KEYS
 from tests.faults.harness import FAKE, fake_stack, redis_of
-from tests.integration.test_openai_batches import chat_line, jsonl
+from tests.faults.test_hostile_batches import client, create
+from tests.integration.test_openai_batches import chat_line
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
 
@@ -31,27 +31,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield st
 
 
-def client(stack: Stack, tenant: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.url + "/v1", api_key=KEYS[tenant], max_retries=0,
-                         timeout=120)
-
-
-def create(oai: openai.OpenAI, data: bytes) -> str:
-    f = oai.files.create(file=("in.jsonl", data), purpose="batch")
-    return oai.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                              completion_window="24h").id
-
-
 def test_a_small_batch_runs_while_another_tenants_long_one_validates(stack: Stack) -> None:
     alpha, beta = client(stack, "alpha"), client(stack, "beta")
     r: redis.Redis = redis_of(stack)
-    long_id = create(alpha, jsonl([chat_line(f"a{i}", f"call {i}", model=FAKE)
-                                   for i in range(LONG)]))
+    long_id = create(alpha, [chat_line(f"a{i}", f"call {i}", model=FAKE) for i in range(LONG)])
     deadline = time.monotonic() + 60
     while not r.exists(keys.batch_driver(long_id)):  # a driver works on it
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    small_id = create(beta, jsonl([chat_line("b0", "hi", model=FAKE)]))
+    small_id = create(beta, [chat_line("b0", "hi", model=FAKE)])
     try:
         deadline = time.monotonic() + 120
         while (small := beta.batches.retrieve(small_id)).status == "validating":
