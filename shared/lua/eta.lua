@@ -10,10 +10,12 @@
 -- below its own tenant's at its turn; FIFO, those created before it.
 -- eta_s: (position + 1/2) x the pool's mean gap between takes made while work waited
 -- (the last ETA_GAPS, `{pool}:gaps`, noted by pick.lua), 0 for the first job of an idle
--- pool, nil while no gap was measured.
+-- pool (until it has waited ETA_FREE_S: then no slot was free after all, and the pace
+-- says when one frees), nil while no gap was measured.
 
 local ETA_TENANTS = 200
 local ETA_GAPS = 64
+local ETA_FREE_S = 1.0
 local ETA_HIGHER = {high = {}, normal = {'high'}, low = {'high', 'normal'}}
 
 -- tokenq:lane:{pool}:{priority} -> tokenq:lane:{pool}, {priority}
@@ -95,7 +97,7 @@ local function estimate(lane, tenant, index, created, est, now, half_s, fifo)
     if prefix then ahead = ahead + redis.call('LLEN', prefix .. '.' .. model .. '.' .. p) end
   end
   local busy = redis.call('HGET', pool .. ':rate', 'busy')
-  if ahead == 0 and busy ~= '1' then return {ahead, 0} end
+  if ahead == 0 and busy ~= '1' and now - created < ETA_FREE_S then return {ahead, 0} end
   local gaps = redis.call('LRANGE', pool .. ':gaps', 0, ETA_GAPS - 1)
   if #gaps == 0 then return {ahead, nil} end
   local sum = 0

@@ -115,6 +115,29 @@ def test_eta_is_position_times_the_pools_pace(r: redis.Redis) -> None:
         assert est.position == i + 1
 
 
+def test_the_first_in_line_of_an_idle_pool_is_not_told_it_starts_at_once_for_ever(
+        r: redis.Redis) -> None:
+    """The pool's last take left nothing waiting, so a job with nothing ahead was told 0
+    (a free slot takes it): still 0 at every later look while every slot stayed busy.
+    Once it has waited a second, the pool's pace says when a slot frees."""
+    s = store(r)
+    for _ in range(3):
+        submit(s, "a")
+    t0 = time.time()
+    for i in range(3):  # the last take leaves nothing waiting: the pool looks idle
+        take_at(s, t0 + 0.2 * i)
+    gaps = [float(g) for g in r.lrange(keys.lane(Q).rsplit(":", 1)[0] + ":gaps", 0, -1)]
+    assert len(gaps) == 2
+    j, got = submit(s, "b")
+    assert got.position == 0 and got.eta_s == 0
+    now = time.time()
+    est = estimate_sync(r, j, fair_share(s.s), now=now + 0.1)
+    assert est is not None and est.eta_s == 0
+    est = estimate_sync(r, j, fair_share(s.s), now=now + 5)
+    assert est is not None and est.position == 0
+    assert est.eta_s == pytest.approx(0.5 * sum(gaps) / len(gaps), abs=0.002)
+
+
 def test_a_step_is_a_tenth_at_least_one() -> None:
     assert not Estimate(10, 5.0).moved(Estimate(10, 5.5))
     assert Estimate(9, 5.0).moved(Estimate(10, 5.0))
