@@ -7,7 +7,8 @@ left running), and the last of them to end settles the batch `cancelled`
 enqueued once `enqueue_done` is set: those lines (every line, for a cancel while the batch
 was validating) end `cancelled` too, without running, so a cancelled batch counts every
 line of its `total` (completed + failed = total) and its error file lists each one that
-did not run with `batch_cancelled`, however far the driver had got.
+did not run with `batch_cancelled`, however far the driver had got. A line never enqueued
+gets no job record: an entry of the error file (shared/lua/batch_unrun.lua).
 """
 
 from __future__ import annotations
@@ -23,19 +24,11 @@ from tokenq.api.openai.batch_lines import (
     line_job_id,
 )
 from tokenq.shared import keys
-from tokenq.shared.jobs import NewRejection
 
 if TYPE_CHECKING:
     from tokenq.api.openai.batch_driver import BatchDriver
 
 log = logging.getLogger(__name__)
-
-
-class Cancelled(Exception):
-    """Why a line did not run: its batch was cancelled before it was enqueued."""
-
-    def __init__(self) -> None:
-        super().__init__("the batch was cancelled before this line was enqueued")
 
 
 async def sweep(driver: BatchDriver, batch_id: str) -> None:
@@ -61,15 +54,15 @@ async def sweep(driver: BatchDriver, batch_id: str) -> None:
 async def _cancel_rest(driver: BatchDriver, h: dict[str, str], cursor: int,
                        missing: int) -> None:
     """The `missing` lines never enqueued (past the cursor; a line there that exists is
-    skipped: reject.lua) become records ended `cancelled`, with their custom_ids from the
-    input file; a file deleted meanwhile leaves the rest with none ("")."""
+    skipped) end `cancelled` as error-file entries (shared/lua/batch_unrun.lua), with their
+    custom_ids from the input file; a file deleted meanwhile leaves the rest with none ("")."""
     s, batch_id = driver.state.settings, h["id"]
     size = max(1, min(s.api.batch_chunk, MAX_PIPELINE))
-    chunk: list[NewRejection] = []
+    chunk: list[tuple[int, str]] = []
 
     async def flush() -> None:
         nonlocal missing
-        missing -= sum(bool(x) for x in await driver.state.jobs.create_many(chunk))
+        missing -= await driver.batches.unrun(batch_id, chunk)
         chunk.clear()
         await driver.keep_lease(batch_id)
 
@@ -82,13 +75,12 @@ async def _cancel_rest(driver: BatchDriver, h: dict[str, str], cursor: int,
         n = line.n
         cid = custom_id_of(line.data) if len(line.data) <= INLINE_LINE_BYTES else \
             await driver.state.counter.pool.run(h["owner"], custom_id_of, line.data)
-        chunk.append(driver.rejection(h, n, cid, Cancelled(), "cancelled"))
+        chunk.append((n, cid))
         if len(chunk) >= size:
             await flush()
     await flush()
     while missing > 0:  # the file is gone: the lines after the last one read, unnamed
-        chunk.extend(driver.rejection(h, n + k, "", Cancelled(), "cancelled")
-                     for k in range(1, min(missing, size) + 1))
+        chunk.extend((n + k, "") for k in range(1, min(missing, size) + 1))
         n += len(chunk)
         await flush()
     log.info("batch %s: lines not enqueued before the cancel ended cancelled", batch_id)

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 from redis.exceptions import RedisError, WatchError
@@ -383,15 +383,13 @@ class BatchDriver:
                               deadline=float(h["expires_at"]), extra=extra)
         return replace(job, queue_limit=batch_lane_limit(self.state.settings.api.queue_limit))
 
-    def rejection(self, h: dict[str, str], n: int, custom_id: str, exc: Exception,
-                  state: Literal["failed", "cancelled"] = "failed") -> NewRejection:
+    def rejection(self, h: dict[str, str], n: int, custom_id: str,
+                  exc: Exception) -> NewRejection:
         """Line `n` ends `failed` without running: a line of the batch's error file (OpenAI's
-        shape, status 400) and one more in its `failed` count; `cancelled` (a line a cancel
-        left unenqueued): `batch_cancelled` there instead."""
+        shape, status 400) and one more in its `failed` count."""
         err = exc if isinstance(exc, LineError) else LineError(
             "invalid_request", f"the line could not be processed ({type(exc).__name__})")
-        if state == "failed":
-            log.warning("batch %s line %d: rejected at enqueue: %s", h["id"], n, err.message)
+        log.warning("batch %s line %d: rejected at enqueue: %s", h["id"], n, err.message)
         job_id = line_job_id(h["id"], n)
         now = time.time()
         fields = {"id": job_id, "owner": h["owner"], "model": "", "backend": "",
@@ -401,7 +399,7 @@ class BatchDriver:
                   "ttl": str(self.state.settings.api.file_ttl_s)}
         return NewRejection(job_id, fields, h["owner"],
                             JobErrorInfo(code=err.code, message=err.message),
-                            self.state.settings.api.file_ttl_s, now, state)
+                            self.state.settings.api.file_ttl_s, now)
 
     async def sweep_cancel(self, batch_id: str) -> None:
         """A cancel's sweep (api/openai/batch_cancel.py)."""

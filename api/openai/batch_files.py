@@ -4,7 +4,8 @@ The files are not stored. `batch_settle` (shared/lua/terminal.lua) registers the
 when the batch settles, so the ids a finished batch shows resolve on every route (files
 retrieve, content, list) whichever route showed them; a file deleted afterwards stays
 deleted (404) while the batch keeps showing its id, as OpenAI's does. Their lines are
-rendered from the job records (`:out`, `:err` hold the job ids) a chunk at a time; the
+rendered from the job records (`:out`, `:err` hold the job ids; an `:err` entry "~<line>
+<custom_id>" is a line a cancel left unenqueued, with no record) a chunk at a time; the
 size, which rendering alone can tell, is measured on the first read of the file object
 and kept in it.
 """
@@ -17,6 +18,7 @@ from typing import Any
 from redis.exceptions import WatchError
 
 from tokenq.api.deps import AppState
+from tokenq.api.openai.batch_lines import line_job_id
 from tokenq.api.openai.batch_store import BatchStore
 from tokenq.api.openai.protocol import final_response
 from tokenq.shared import keys
@@ -97,11 +99,25 @@ async def render(state: AppState, file_meta: dict[str, str], chunk: int = 256
         start += len(ids)
         pipe = state.redis.pipeline(transaction=False)
         for job_id in ids:
-            pipe.hgetall(keys.job(job_id))
+            if not job_id.startswith("~"):
+                pipe.hgetall(keys.job(job_id))
+        recs = iter(await pipe.execute())
         lines = []
-        for rec_h in await pipe.execute():
-            if rec_h:
+        for job_id in ids:
+            if job_id.startswith("~"):
+                lines.append(dumps(unrun_line(h["id"], job_id)) + "\n")
+            elif rec_h := next(recs):
                 rec = JobRecord.from_hash(rec_h)
                 lines.append(dumps(output_line(h["endpoint"], rec, rec_h.get("custom_id", "")))
                              + "\n")
         yield "".join(lines).encode()
+
+
+def unrun_line(batch_id: str, entry: str) -> dict[str, Any]:
+    """The error file's line of a line a cancel left unenqueued: its entry "~<line>
+    <custom_id>" (shared/lua/batch_unrun.lua), as a cancelled record before it ran gives."""
+    n, _, custom_id = entry[1:].partition(" ")
+    job_id = line_job_id(batch_id, int(n))
+    return {"id": "batch_req_" + job_id.removeprefix("job_"), "custom_id": custom_id,
+            "response": None, "error": {"code": "batch_cancelled",
+                                        "message": "the request was cancelled before it ran"}}

@@ -2,7 +2,8 @@
 
 The scripts are shared/lua/renew.lua, settle.lua (the job scripts' own settle, for
 batches whose lines all ended before the driver finished), release.lua, batch_files.lua
-(an older API's finished batch registers its output files on read) and batch_cancel.lua.
+(an older API's finished batch registers its output files on read), batch_cancel.lua and
+batch_unrun.lua (the lines a cancel left unenqueued).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import time
 
 import redis.asyncio as aioredis
 
+from tokenq.api.openai.batch_lines import line_job_id
 from tokenq.shared import keys
 from tokenq.shared.lua_scripts import Scripts
 
@@ -22,7 +24,7 @@ class BatchStore:
         self.r = r
         self.owner = owner  # this driver's lease value
         self._scripts = Scripts(r, ("renew", "settle", "release", "batch_files",
-                                       "batch_cancel"))
+                                       "batch_cancel", "batch_unrun"))
 
     async def pending(self) -> list[str]:
         """Batches a driver must work on, in id order."""
@@ -57,6 +59,19 @@ class BatchStore:
             keys=[keys.batch(batch_id), keys.BATCHES_PENDING],
             args=[batch_id, repr(time.time())])
         return str(status) if status else None
+
+    async def unrun(self, batch_id: str, lines: list[tuple[int, str]]) -> int:
+        """Lines (number, custom_id) a cancel left unenqueued, counted `cancelled` as
+        entries of the batch's error file: how many were counted (a line with a job, or
+        counted by an earlier sweep, is not)."""
+        if not lines:
+            return 0
+        job_keys = [keys.job(line_job_id(batch_id, n)) for n, _ in lines]
+        args: list[str] = [repr(time.time())]
+        for n, custom_id in lines:
+            args += [str(n), custom_id]
+        return int(await self._scripts["batch_unrun"](keys=[keys.batch(batch_id), *job_keys],
+                                                      args=args))
 
     async def register_files(self, batch_id: str, files_key: str, ttl: int) -> bool:
         """A finished batch's output and error files as file objects, if not yet (once)."""

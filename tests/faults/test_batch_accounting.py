@@ -25,6 +25,7 @@ from tests.faults.harness import FAKE, fake_stack, redis_of
 from tests.faults.test_hostile_batches import client, create, inject_batch, wait_done
 from tests.integration.test_openai_batches import chat_line, jsonl
 from tokenq.cli.stack import Stack
+from tokenq.shared import keys
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 LINES = [chat_line(f"c{n}", "hi", model=FAKE) for n in range(1, 4)]
@@ -102,6 +103,10 @@ def test_a_cancel_while_validating_counts_every_line_cancelled(stack: Stack) -> 
     for x in errs.values():
         assert x["error"] == {"code": "batch_cancelled",
                               "message": "the request was cancelled before it ran"}, x
+    assert {x["id"] for x in errs.values()} == {f"batch_req_0200_{n}" for n in (1, 2, 3)}
+    # lines never enqueued get no job record each (a cancel while a 50,000-line batch
+    # validated wrote 50,000, kept as long as the batch's files)
+    assert not any(r.exists(keys.job(f"job_0200_{n}")) for n in (1, 2, 3))
     # the tester's sequence (cancel right after create): the counts add up, each line that
     # did not run is in the error file
     for _ in range(3):
