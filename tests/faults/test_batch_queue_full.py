@@ -7,6 +7,7 @@ end `cancelled` without running)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -57,8 +58,9 @@ def test_queue_full_mid_chunk_keeps_line_outcomes(stack: Stack) -> None:
     assert r.hget(bk, "enqueue_done") is None
     assert r.llen(keys.queue(FAKE_IDLE, "low")) == LIMIT
     # cancelled while it waits for room: the queued lines end cancelled (counted failed, as
-    # OpenAI's request_counts do), and so do the lines never written (without running:
-    # every line of the total is counted, api/openai/batch_cancel.py); the batch settles
+    # OpenAI's request_counts do), and so do the lines never written (without running, and
+    # without a job record: entries of the error file; every line of the total is counted,
+    # api/openai/batch_cancel.py); the batch settles
     alpha.batches.cancel(bid)
     b = wait_done(alpha, bid)
     assert b.status == "cancelled", b
@@ -66,8 +68,11 @@ def test_queue_full_mid_chunk_keeps_line_outcomes(stack: Stack) -> None:
     assert (b.request_counts.total, b.request_counts.completed,
             b.request_counts.failed) == (8, 0, 8), b
     assert states(r, bid) == {1: "cancelled", 2: "failed", 3: "cancelled", 4: "cancelled",
-                              5: "cancelled", 6: "cancelled", 7: "cancelled", 8: "cancelled"}
+                              5: "cancelled", 6: None, 7: None, 8: None}
     assert r.hget(bk, "enqueued") == "8"
+    errs = [json.loads(x) for x in alpha.files.content(b.error_file_id or "").text.splitlines()]
+    assert [x["custom_id"] for x in errs if x["error"]] == ["l1", "l3", "l4", "l5", "l6", "l7",
+                                                           "l8"], errs
     r.close()
 
 
