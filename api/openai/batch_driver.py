@@ -167,10 +167,20 @@ class BatchDriver:
                   "total": str(n)}
         if swept:
             fields["swept"] = "1"
-        if status == "validating" or (status == "in_progress" and not n):
+        failed = status == "validating" or (status == "in_progress" and not n)
+        if failed:
             fields.update(status="failed", failed_at=repr(time.time()))
         await self.r.hset(bk, mapping=fields)  # type: ignore[arg-type]
+        if failed:
+            await self.expire_failed(bk)
         return status
+
+    async def expire_failed(self, bk: str) -> None:
+        """A batch that failed with no line run lives as long as a settled one
+        (terminal.lua, expire_batch): `file_ttl` from now."""
+        ttl = await self.r.hget(bk, "file_ttl")
+        if ttl:
+            await self.r.expire(bk, int(ttl))
 
     def stop(self) -> None:
         self._stopping = True
@@ -284,6 +294,8 @@ class BatchDriver:
                     break
                 except WatchError:
                     continue
+        if status == "failed":
+            await self.expire_failed(bk)
         log.info("batch %s: %d lines, %d errors -> %s", batch_id, total, len(errors), status)
         return status
 

@@ -162,13 +162,23 @@ async def listing(state: AppState, tenant: str, limit: int, after: str | None) -
         if rank is None:
             raise InvalidRequest(f"after: no batch {after!r} in this list", param="after")
         start = rank + 1
-    ids: list[str] = await state.redis.zrevrange(  # type: ignore[assignment]
-        index, start, start + limit)
-    out = []
-    for batch_id in ids:
-        h: dict[str, str] = await state.redis.hgetall(keys.batch(batch_id))  # type: ignore[assignment]
-        if h:
-            out.append(await shown(state, h))
+    out: list[dict[str, Any]] = []
+    while len(out) <= limit:  # one more than the page: has_more
+        want = limit + 1 - len(out)
+        ids: list[str] = await state.redis.zrevrange(  # type: ignore[assignment]
+            index, start, start + want - 1)
+        gone = []
+        for batch_id in ids:
+            h: dict[str, str] = await state.redis.hgetall(keys.batch(batch_id))  # type: ignore[assignment]
+            if h:
+                out.append(await shown(state, h))
+            else:  # expired with its files (terminal.lua, expire_batch): out of the index
+                gone.append(batch_id)
+        if gone:
+            await state.redis.zrem(index, *gone)
+        start += len(ids) - len(gone)
+        if len(ids) < want:
+            break
     return {"object": "list", "data": out[:limit], "has_more": len(out) > limit,
             "first_id": out[0]["id"] if out else None,
             "last_id": out[min(limit, len(out)) - 1]["id"] if out else None}

@@ -42,6 +42,15 @@ local function register_files(bk, now, files_key, ttl)
   return 1
 end
 
+-- A finished batch lives as long as its files (`file_ttl`, from its end): its hash and its
+-- lists of lines (`:out`, `:err`) expire with them, rather than never (listing drops it
+-- from its tenant's index then: api/openai/batches.py). One written by an older API
+-- (no `file_ttl`) is kept.
+local function expire_batch(bk, ttl)
+  if not ttl then return end
+  for _, k in ipairs({bk, bk .. ':out', bk .. ':err'}) do redis.call('EXPIRE', k, ttl) end
+end
+
 -- Settle a batch whose lines have all ended once its driver finished enqueuing them: every
 -- line of its `total` (the validated lines) is counted, as `completed` or `failed`, before
 -- it settles (a line the driver could not enqueue is counted by the driver: reject.lua).
@@ -58,6 +67,7 @@ local function batch_settle(bk, now)
   redis.call('HSET', bk, 'status', final, final .. '_at', now, 'finalizing_at', now)
   redis.call('SREM', '@BATCHES_PENDING@', b[8])
   register_files(bk, now, b[11], b[12])
+  expire_batch(bk, b[12])
   if b[7] then webhook('batch.' .. final, b[8], b[7], b[9], now) end
   return final
 end

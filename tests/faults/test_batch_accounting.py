@@ -256,3 +256,24 @@ def test_a_cancel_landing_after_the_last_line_leaves_the_batch_completed(
     assert r.hget(keys.batch(done.id), "status") == "completed"
     assert not r.sismember(keys.BATCHES_PENDING, done.id)
     assert alpha.batches.retrieve(done.id).status == "completed"
+
+
+def test_a_finished_batch_expires_with_its_files_and_leaves_the_list(stack: Stack) -> None:
+    """A batch's hash, its lists of lines and its entry in its tenant's index were kept for
+    ever, after its files and its lines' records had expired. Now they expire with its
+    files (FILE_TTL_S from its end), and listing drops what expired from the index."""
+    r, beta = redis_of(stack), client(stack, "beta")
+    ttl = 30 * 24 * 3600
+    ids = [create(beta, LINES) for _ in range(3)]
+    for batch_id in ids:
+        assert wait_done(beta, batch_id).status == "completed"
+        for key in (keys.batch(batch_id), keys.batch_out(batch_id)):
+            assert 0 < r.ttl(key) <= ttl, key
+    bad = create(beta, [chat_line("x", "hi", model="no-such-model")])
+    assert wait_done(beta, bad).status == "failed"
+    assert 0 < r.ttl(keys.batch(bad)) <= ttl  # failed at validation: the same
+    r.delete(keys.batch(ids[1]))  # as its expiry does
+    page = beta.batches.list(limit=2, after=bad)
+    assert [b.id for b in page.data] == [ids[2], ids[0]], page
+    assert r.zscore(keys.tenant_batches("beta"), ids[1]) is None
+    assert [b.id for b in beta.batches.list(limit=1, after=ids[2]).data] == [ids[0]]
