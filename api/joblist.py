@@ -2,7 +2,8 @@
 
 Read from the tenant's job index (a sorted set by creation time that CREATE writes).
 Job records expire `result_ttl_s` after they end while the index keeps their ids, so
-ids whose record is gone are dropped from the index as the listing meets them.
+ids whose record is gone are dropped from the index as the listing meets them (and ids
+past every retention at the tenant's next create: shared/lua/create.lua).
 
 A filtered page reads at most `SCAN_CAP` index entries: when that many are read before
 the page fills, the page comes back short with `has_more: true`, and its `last_id` (the

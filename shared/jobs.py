@@ -318,11 +318,13 @@ def _finished(got: list[Any]) -> FinishResult:
 # -- calls -----------------------------------------------------------------------------
 def create(job_id: str, fields: dict[str, str], *, tenant: str, queue: str, message: str,
            queue_limit: int, tenant_limit: int, maxlen: int, now: float,
-           idem: IdemKey | None = None, fair: FairShare) -> Call[CreateResult]:
+           idem: IdemKey | None = None, fair: FairShare,
+           index_horizon_s: float = 0.0) -> Call[CreateResult]:
     """Batch lines are counted apart from the tenant's own queued jobs: a large batch must
     not lock its tenant out of interactive requests. With an Idempotency-Key the answer may
     be the key's earlier job (`Replayed`, `KeyReused`) instead of a new one. `message` is
-    the lane's ticket (celery_app.ticket_message)."""
+    the lane's ticket (celery_app.ticket_message). The tenant's job index drops ids older
+    than `index_horizon_s` (0: never), past every job's retention."""
     queued_set = keys.tenant_queued(tenant, batch="batch" in fields)
     lane = keys.lane(queue)
     script_keys = [keys.job(job_id), keys.job_events(job_id), queue, keys.tenant_jobs(tenant),
@@ -330,7 +332,8 @@ def create(job_id: str, fields: dict[str, str], *, tenant: str, queue: str, mess
                    keys.lane_list(lane, tenant), keys.share(tenant)]
     args: list[Arg] = [dumps(fields), message, queue_limit, maxlen, repr(now), tenant_limit,
                        "" if idem is None else idem.body_sha,
-                       "" if idem is None else idem.ttl_s, lane, tenant, *fair.args()]
+                       "" if idem is None else idem.ttl_s, lane, tenant, *fair.args(),
+                       index_horizon_s]
     if idem is not None:
         script_keys.append(idem.redis_key)
     return Call("create", script_keys, args, _created)

@@ -45,6 +45,13 @@ def fair_share(s: Settings) -> FairShare:
     return FairShare(half_s=s.fair_share_window_s / 2, fifo=not s.fair_share)
 
 
+def index_horizon_s(s: Settings) -> float:
+    """How old an id in a tenant's job index can be while its record may still exist: a
+    batch line ends within its 24 h window and lives `file_ttl_s` more, a job
+    `result_ttl_s`; a day of margin (a job queued longer drops out of the list only)."""
+    return max(s.result_ttl_s, s.api.file_ttl_s) + 2 * 86400
+
+
 def _create(s: Settings, job_id: str, fields: dict[str, str], tenant: str, queue: str,
             message: str, queue_limit: int | None, tenant_limit: int,
             now: float | None, idem: IdemKey | None) -> Call[CreateResult]:
@@ -52,7 +59,7 @@ def _create(s: Settings, job_id: str, fields: dict[str, str], tenant: str, queue
                        queue_limit=s.api.queue_limit if queue_limit is None else queue_limit,
                        tenant_limit=tenant_limit, maxlen=s.stream_maxlen,
                        now=time.time() if now is None else now, idem=idem,
-                       fair=fair_share(s))
+                       fair=fair_share(s), index_horizon_s=index_horizon_s(s))
 
 
 def _cancel(s: Settings, job_id: str, ttl: int | None,

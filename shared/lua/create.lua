@@ -55,6 +55,12 @@ redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'e', 'queued',
            'd', cjson.encode({position = est[1], eta_s = est[2], reason = 'waiting'}))
 redis.pcall('PUBLISH', events_key, '')  -- a hint for the API's readers (terminal.lua)
 redis.call('ZADD', tenant_jobs, now, fields['id'])
+-- the index holds ids whose records may still exist: those past every retention (ARGV[13]
+-- seconds old) leave it here, not only when a listing meets them (api/joblist.py)
+local horizon = tonumber(ARGV[13]) or 0
+if horizon > 0 then
+  redis.call('ZREMRANGEBYSCORE', tenant_jobs, '-inf', '(' .. (tonumber(now) - horizon))
+end
 redis.call('ZADD', tenant_queued, now, fields['id'])
 redis.call('ZADD', queued_index, now, job_key)
 if fields['batch'] then
