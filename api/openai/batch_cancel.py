@@ -68,13 +68,16 @@ async def _cancel_rest(driver: BatchDriver, h: dict[str, str], cursor: int,
 
     source, n = Source(), cursor
     async for line in driver.lines(h, source):
-        if source.gone or missing - len(chunk) <= 0:
+        if source.gone or missing <= 0:
             break
         if line.n <= cursor:
             continue
         n = line.n
         cid = custom_id_of(line.data) if len(line.data) <= INLINE_LINE_BYTES else \
             await driver.state.counter.pool.run(h["owner"], custom_id_of, line.data)
+        # (lines past the cursor may have jobs: they are not counted here, so the file is
+        # read on until `missing` lines were; stopping at `missing` read lines named the
+        # rest "" though the file was there)
         chunk.append((n, cid))
         if len(chunk) >= size:
             await flush()

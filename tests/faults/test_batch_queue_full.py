@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.faults.harness import FAKE_IDLE, fake_stack, redis_of
-from tests.faults.test_hostile_batches import client, inject_batch, wait_done
+from tests.faults.harness import FAKE, FAKE_IDLE, fake_stack, redis_of
+from tests.faults.test_hostile_batches import client, create, inject_batch, wait_done
 from tests.integration.test_openai_batches import chat_line, jsonl
 from tokenq.api.openai.batch_driver import batch_lane_limit
 from tokenq.cli.stack import Stack
@@ -84,3 +84,30 @@ def states(r: redis.Redis, batch_id: str) -> dict[int, str | None]:
 
 def test_the_limit_here_is_what_batch_lines_may_fill() -> None:
     assert batch_lane_limit(5) == LIMIT
+
+
+def test_a_cancel_names_every_unenqueued_line_when_later_lines_have_jobs(stack: Stack) -> None:
+    """Lines past the cursor can have jobs (another model's lines of the refused chunk).
+    The cancel's sweep stopped reading the file once it had read as many lines as were
+    missing, counting those jobs among them, and named the rest "" though the file was
+    there."""
+    r = redis_of(stack)
+    alpha = client(stack, "alpha")
+    models = [FAKE_IDLE] * 5 + [FAKE] * 3 + [FAKE_IDLE] * 4  # the idle lane fills at LIMIT
+    cids = [f"x{n}" for n in range(1, len(models) + 1)]
+    bid = create(alpha, [chat_line(c, "hi", model=m) for c, m in zip(cids, models,
+                                                                       strict=True)])
+    job = f"job_{bid.removeprefix('batch_')}"
+    deadline = time.monotonic() + 60
+    while not all(r.exists(keys.job(f"{job}_{n}")) for n in (6, 7, 8)):
+        assert time.monotonic() < deadline, r.hgetall(keys.batch(bid))
+        time.sleep(0.1)
+    alpha.batches.cancel(bid)
+    b = wait_done(alpha, bid)
+    assert b.status == "cancelled" and b.request_counts is not None, b
+    named: list[str] = []
+    for file_id in (b.output_file_id, b.error_file_id):
+        if file_id:
+            named += [json.loads(x)["custom_id"]
+                      for x in alpha.files.content(file_id).text.splitlines()]
+    assert sorted(named) == sorted(cids), named
