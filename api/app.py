@@ -91,6 +91,7 @@ def create_app(settings: Settings | None = None, api_keys: str | None = None,
                                       name="tokenq-upload-sweeper")
         driver = BatchDriver(state)
         state.background["batch_wake"] = driver.wake
+        state.background["batch_nudge"] = driver.nudge
         driver_task = asyncio.create_task(driver.run(), name="tokenq-batch-driver")
         stop_catalogue = models_admin.start(state)  # state.models follows it
         # Vocabularies now, in the background, so the first request does not wait for one.

@@ -16,6 +16,7 @@ batch (a minute or more of validation) no longer holds every other tenant's batc
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import time
@@ -25,7 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
-from redis.exceptions import RedisError, WatchError
+from redis.exceptions import RedisError
 
 from tokenq.api import admission, cpu, placement, service
 from tokenq.api.deps import AppState
@@ -43,14 +44,15 @@ from tokenq.api.openai.batch_lines import (
 )
 from tokenq.api.openai.batch_lines import line_job_id as line_job_id  # (tokenq bench scale)
 from tokenq.api.openai.batch_store import BatchStore
+from tokenq.api.openai.batch_validate import gone_error, validate
 from tokenq.shared import aio, keys
 from tokenq.shared.jobs import Created, NewJob, NewRejection, QueueFull, TenantFull, dumps
 from tokenq.shared.schemas import JobErrorInfo
 
 log = logging.getLogger(__name__)
 
-MAX_REPORTED_ERRORS = 100
 MAX_DRIVEN = 4  # batches a replica works on at once (one per tenant)
+RETRY_S = 1.0  # a batch whose turn ended waits this long for its next (its lane full, ...)
 MAX_DRIVER_FAILURES = 3  # tries of a batch whose processing raises, then it is given up
 BATCH_LANE_SHARE = 0.9  # of a lane's queue_limit, batch lines fill at most (batch_lane_limit)
 
@@ -63,15 +65,6 @@ def batch_lane_limit(queue_limit: int) -> int:
     return max(1, int(queue_limit * BATCH_LANE_SHARE)) if queue_limit > 0 else 0
 
 
-def gone_error(h: dict[str, str], enqueued: int) -> dict[str, Any]:
-    """The batch error of an input file deleted before its lines were all enqueued."""
-    ran = "no line was run" if not enqueued else \
-        f"the {enqueued} lines enqueued before run; the others were not"
-    return {"code": "input_file_deleted", "param": "input_file_id", "line": None,
-            "message": f"the input file {h['input_file_id']} was deleted (or expired) "
-                       f"before the batch's lines were enqueued: {ran}"}
-
-
 class BatchDriver:
     def __init__(self, state: AppState):
         self.state = state
@@ -81,6 +74,8 @@ class BatchDriver:
         self.batches = BatchStore(self.r, self.me)
         self._stopping = False
         self._driving: dict[str, tuple[str, asyncio.Task[None]]] = {}  # batch: owner, task
+        self._resting: dict[str, float] = {}  # batch: its next turn (monotonic)
+        self._last = ""  # the batch started last: the next look begins after it
 
     async def run(self) -> None:
         cpu.PATIENT.set(True)  # lines wait for their tenant's share of the CPU pool, never 429
@@ -104,12 +99,17 @@ class BatchDriver:
     async def start_more(self) -> None:
         """Pending batches this replica is not driving, each in a task of its own, up to
         MAX_DRIVEN and one per tenant (a batch another replica holds is skipped: its
-        lease). A batch left pending (its lane full, its lines still running) is looked at
-        again on the next wake or second."""
-        for batch_id in await self.batches.pending():
+        lease), in turn: the look begins after the batch started last, and a batch whose
+        turn ended (its lane full, its lines still running) sits out RETRY_S. (Taken in
+        id order every time, batches stuck on a full lane, a few milliseconds a turn, held
+        every slot, and their tenants' other batches, at every look.)"""
+        pending, now = await self.batches.pending(), time.monotonic()
+        self._resting = {b: t for b, t in self._resting.items() if t > now}
+        k = bisect.bisect_right(pending, self._last)
+        for batch_id in pending[k:] + pending[:k]:
             if len(self._driving) >= MAX_DRIVEN:
                 return
-            if batch_id in self._driving:
+            if batch_id in self._driving or batch_id in self._resting:
                 continue
             owner = str(await self.r.hget(keys.batch(batch_id), "owner") or "")
             if owner and any(o == owner for o, _ in self._driving.values()):
@@ -117,26 +117,37 @@ class BatchDriver:
             if await self.batches.take_lease(batch_id):
                 task = asyncio.create_task(self.drive(batch_id), name=f"tokenq-{batch_id}")
                 self._driving[batch_id] = (owner, task)
+                self._last = batch_id
 
     async def drive(self, batch_id: str) -> None:
+        waiting = False
         try:
-            await self.work_isolated(batch_id)
+            waiting = await self.work_isolated(batch_id)
         except RedisError as exc:
             log.warning("batch %s: %s; retrying", batch_id, exc)
         except Exception:
             log.exception("batch %s: driver failed; retrying", batch_id)
         finally:
             self._driving.pop(batch_id, None)
+            if waiting:  # for room in its lane: not again at once
+                self._resting[batch_id] = time.monotonic() + RETRY_S
+            self.wake.set()  # its slot is free: the next batch's turn
             with contextlib.suppress(RedisError):
                 await self.batches.drop_lease(batch_id)
 
-    async def work_isolated(self, batch_id: str) -> None:
+    def nudge(self, batch_id: str) -> None:
+        """The batch needs its driver now (a cancel): no resting."""
+        self._resting.pop(batch_id, None)
+        self.wake.set()
+
+    async def work_isolated(self, batch_id: str) -> bool:
         """`work`, where a batch that raises harms only itself: the next batches go on, and
         after MAX_DRIVER_FAILURES tries it is given up (`failed`, or no more lines enqueued)
         rather than retried every second for ever. A Redis error is nobody's fault: it is
-        raised, and every batch is tried again when Redis is back."""
+        raised, and every batch is tried again when Redis is back. Whether the batch waits
+        for room in its lane."""
         try:
-            await self.work(batch_id)
+            return await self.work(batch_id)
         except RedisError:
             raise
         except Exception as exc:
@@ -145,6 +156,7 @@ class BatchDriver:
                           MAX_DRIVER_FAILURES)
             if n >= MAX_DRIVER_FAILURES:
                 await self.give_up(batch_id, exc)
+            return False
 
     async def give_up(self, batch_id: str, exc: Exception) -> None:
         error = {"code": "batch_processing_failed", "param": None, "line": None,
@@ -190,21 +202,25 @@ class BatchDriver:
         if not await self.batches.renew_lease(batch_id):
             raise RuntimeError(f"lost the driver lease of {batch_id}")
 
-    async def work(self, batch_id: str) -> None:
+    async def work(self, batch_id: str) -> bool:
+        """The batch's turn: whether it waits for room in its lane after it."""
         h: dict[str, str] = await self.r.hgetall(keys.batch(batch_id))  # type: ignore[assignment]
         if not h:
             await self.r.srem(keys.BATCHES_PENDING, batch_id)
-            return
+            return False
+        waiting = False
         if h["status"] == "validating":
             h["status"] = await self.validate(h)
         if h["status"] == "in_progress" and h.get("enqueue_done") != "1":
-            await self.enqueue(h)
+            waiting = await self.enqueue(h)
         if await self.r.hget(keys.batch(batch_id), "status") == "cancelling":
             await self.sweep_cancel(batch_id)
+            waiting = False
         if await self.batches.settle(batch_id) != "validating":
             await self.batches.release(batch_id)
+        return waiting
 
-    async def _check_line(self, h: dict[str, str], raw: bytes) -> tuple[str, admission.Prepared]:
+    async def check_line(self, h: dict[str, str], raw: bytes) -> tuple[str, admission.Prepared]:
         """A line's custom_id and its prepared job; a long line is parsed on the CPU pool in
         the batch owner's share (waiting for it: the driver is not refused)."""
         try:
@@ -224,84 +240,13 @@ class BatchDriver:
                             f"body.{exc.param}" if exc.param else None) from exc
 
     async def validate(self, h: dict[str, str]) -> str:
-        """Check every line; either the batch goes in_progress with its total, or failed."""
-        s, batch_id = self.state.settings, h["id"]
-        errors: list[dict[str, Any]] = []
-        total = bad = 0
-        seen = keys.batch_ids(batch_id)
-        await self.r.delete(seen)
-        source = Source()
-        async for line in self.lines(h, source):
-            n = line.n
-            total += 1
-            if total > s.api.max_batch_lines:
-                errors.append({"code": "too_many_lines", "line": n, "param": None,
-                               "message": f"a batch holds at most {s.api.max_batch_lines} lines"})
-                break
-            try:
-                if line.too_long:
-                    raise too_long(s.api.max_batch_line_bytes)
-                custom_id, _ = await self._check_line(h, line.data)
-                if not await self.r.sadd(seen, custom_id):
-                    raise LineError("duplicate_custom_id",
-                                    f"custom_id {custom_id!r} appears more than once",
-                                    "custom_id")
-            except Exception as exc:  # every line's failure is that line's error
-                err = exc if isinstance(exc, LineError) else LineError(
-                    "invalid_request", f"the line could not be checked ({type(exc).__name__})")
-                if not isinstance(exc, LineError):
-                    log.warning("batch %s line %d: %r", batch_id, n, exc)
-                bad += 1
-                if len(errors) < MAX_REPORTED_ERRORS:
-                    errors.append({"code": err.code, "message": err.message,
-                                   "param": err.param, "line": n})
-            if total % s.api.batch_chunk == 0:
-                await self.keep_lease(batch_id)
-        await self.r.delete(seen)
-        if bad > len(errors):
-            errors.append({"code": "too_many_errors", "param": None, "line": None,
-                           "message": f"{bad} lines have errors; the first "
-                                      f"{MAX_REPORTED_ERRORS} are listed"})
-        if source.gone:  # what was read may be cut short: the file is the only error
-            errors, total = [gone_error(h, 0)], 0
-        elif total == 0:
-            errors.append({"code": "empty_file", "message": "the input file has no lines",
-                           "param": None, "line": None})
-        now = repr(time.time())
-        if errors:
-            fields = {"status": "failed", "failed_at": now, "total": "0",
-                      "errors": dumps({"object": "list", "data": errors})}
-            status = "failed"
-        else:
-            fields = {"status": "in_progress", "in_progress_at": now, "total": str(total)}
-            status = "in_progress"
-        bk = keys.batch(batch_id)
-        async with self.r.pipeline(transaction=True) as pipe:
-            while True:  # the outcome is written unless a cancel came first (WATCH)
-                try:
-                    await pipe.watch(bk)
-                    if await pipe.hget(bk, "status") == "cancelling":
-                        # cancelled while validating: nothing was enqueued; the sweep ends
-                        # every valid line `cancelled` (batch_cancel.py), none of an invalid
-                        # file (its errors kept), and settles the batch
-                        fields, status = {"total": "0" if errors else str(total),
-                                          "enqueue_done": "1"}, "cancelling"
-                        if errors:
-                            fields["errors"] = dumps({"object": "list", "data": errors})
-                    pipe.multi()  # type: ignore[no-untyped-call]
-                    pipe.hset(bk, mapping=fields)  # type: ignore[arg-type]
-                    await pipe.execute()
-                    break
-                except WatchError:
-                    continue
-        if status == "failed":
-            await self.expire_failed(bk)
-        log.info("batch %s: %d lines, %d errors -> %s", batch_id, total, len(errors), status)
-        return status
+        """Check every line (api/openai/batch_validate.py)."""
+        return await validate(self, h)
 
-    async def enqueue(self, h: dict[str, str]) -> None:
+    async def enqueue(self, h: dict[str, str]) -> bool:
         """Lines after the cursor, a chunk per round trip (AsyncJobStore.create_many); the
-        cursor, saved after each chunk, only passes lines that were written."""
+        cursor, saved after each chunk, only passes lines that were written. Whether a
+        line was refused (its lane full: the rest wait for room)."""
         s, batch_id = self.state.settings, h["id"]
         cursor = int(h.get("cursor", 0))
         size = max(1, min(s.api.batch_chunk, MAX_PIPELINE))
@@ -319,14 +264,14 @@ class BatchDriver:
             chunk = []
             await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
             if refused:
-                return
+                return True
             await self.keep_lease(batch_id)
             if await self.r.hget(keys.batch(batch_id), "status") != "in_progress":
                 break  # cancelled: stop enqueuing; the sweep follows
         cursor, refused = await self._write(batch_id, chunk, cursor)
         if refused:
             await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
-            return
+            return True
         await self.r.hset(keys.batch(batch_id), "cursor", str(cursor))
         enqueued, total = (int(x or 0) for x in await self.r.hmget(
             keys.batch(batch_id), ["enqueued", "total"]))
@@ -335,6 +280,7 @@ class BatchDriver:
             log.warning("batch %s: input file gone after %d lines", batch_id, enqueued)
         else:
             await self.r.hset(keys.batch(batch_id), "enqueue_done", "1")
+        return False
 
     async def _write(self, batch_id: str, chunk: list[tuple[int, NewJob | NewRejection]],
                      cursor: int) -> tuple[int, bool]:
@@ -381,7 +327,7 @@ class BatchDriver:
         try:
             if line.too_long:
                 raise too_long(self.state.settings.api.max_batch_line_bytes)
-            custom_id, p = await self._check_line(h, raw)
+            custom_id, p = await self.check_line(h, raw)
             await service.place(self.state, p)
         except RedisError:
             raise

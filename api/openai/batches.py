@@ -194,7 +194,7 @@ async def cancel(state: AppState, tenant: str, batch_id: str) -> dict[str, Any]:
         return await shown(state, await _hash(state, tenant, batch_id))
     if found not in ("validating", "in_progress"):  # it ended meanwhile (or had)
         raise Conflict(f"batch {batch_id} is {found} and cannot be cancelled")
-    wake = state.background.get("batch_wake")
-    if wake is not None:
-        wake.set()
+    nudge = state.background.get("batch_nudge")
+    if nudge is not None:
+        nudge(batch_id)
     return batch_object(await _hash(state, tenant, batch_id))
