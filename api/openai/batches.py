@@ -35,6 +35,7 @@ from tokenq.api.openai.batch_store import BatchStore
 from tokenq.api.openai.protocol import ENDPOINTS
 from tokenq.shared import keys
 from tokenq.shared.jobs import dumps
+from tokenq.shared.store import index_horizon_s
 
 WINDOWS = {"24h": 24 * 3600}
 _TIMES = ("in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
@@ -106,6 +107,10 @@ async def create(state: AppState, tenant: str, input_file_id: str, endpoint: str
                      ex=state.settings.api.idempotency_ttl_s)
         pipe.hset(keys.batch(batch_id), mapping=h)  # type: ignore[arg-type]
         pipe.zadd(keys.tenant_batches(tenant), {batch_id: now})
+        # the index keeps expired batches' ids (a client paging from one still pages on)
+        # until they are past every batch's life: its window, then its files' TTL
+        pipe.zremrangebyscore(keys.tenant_batches(tenant), "-inf",
+                              f"({now - index_horizon_s(state.settings)}")
         pipe.sadd(keys.BATCHES_PENDING, batch_id)
         try:
             await pipe.execute()
@@ -167,16 +172,11 @@ async def listing(state: AppState, tenant: str, limit: int, after: str | None) -
         want = limit + 1 - len(out)
         ids: list[str] = await state.redis.zrevrange(  # type: ignore[assignment]
             index, start, start + want - 1)
-        gone = []
         for batch_id in ids:
             h: dict[str, str] = await state.redis.hgetall(keys.batch(batch_id))  # type: ignore[assignment]
-            if h:
+            if h:  # (else expired with its files: terminal.lua, expire_batch)
                 out.append(await shown(state, h))
-            else:  # expired with its files (terminal.lua, expire_batch): out of the index
-                gone.append(batch_id)
-        if gone:
-            await state.redis.zrem(index, *gone)
-        start += len(ids) - len(gone)
+        start += len(ids)
         if len(ids) < want:
             break
     return {"object": "list", "data": out[:limit], "has_more": len(out) > limit,

@@ -92,7 +92,15 @@ local function on_terminal(job_key, state, now, default_ttl)
     if state == 'expired' then redis.call('HINCRBY', bk, 'expired', 1) end
   end
   batch_settle(bk, now)
-  return h[4] or default_ttl
+  -- The line's record lives as long as its batch's files (they render from the records):
+  -- those expire `ttl` after the batch ends, at the latest at its window's end
+  -- (`expires_at`), so the record keeps what is left of the window on top (an hour more
+  -- for the expiry's own lag). It expired `ttl` after its own end: a file lost its
+  -- first lines for up to a day before it expired itself.
+  local ttl = tonumber(h[4]) or tonumber(default_ttl)
+  local left = (tonumber(redis.call('HGET', bk, 'expires_at')) or 0) - tonumber(now)
+  if left > 0 then ttl = ttl + math.ceil(left) + 3600 end
+  return ttl
 end
 
 local function is_terminal(state)

@@ -269,11 +269,22 @@ def test_a_finished_batch_expires_with_its_files_and_leaves_the_list(stack: Stac
         assert wait_done(beta, batch_id).status == "completed"
         for key in (keys.batch(batch_id), keys.batch_out(batch_id)):
             assert 0 < r.ttl(key) <= ttl, key
+        # its lines' records outlive it (its output file renders from them): they expired
+        # FILE_TTL_S after their own ends, before the file, which counts from the batch's
+        lines = [keys.job(f"job_{batch_id.removeprefix('batch_')}_{n}") for n in (1, 2, 3)]
+        assert all(r.pttl(k) > r.pttl(keys.batch(batch_id)) + 3_600_000 for k in lines), [
+            r.pttl(k) for k in lines]
     bad = create(beta, [chat_line("x", "hi", model="no-such-model")])
     assert wait_done(beta, bad).status == "failed"
     assert 0 < r.ttl(keys.batch(bad)) <= ttl  # failed at validation: the same
     r.delete(keys.batch(ids[1]))  # as its expiry does
     page = beta.batches.list(limit=2, after=bad)
     assert [b.id for b in page.data] == [ids[2], ids[0]], page
-    assert r.zscore(keys.tenant_batches("beta"), ids[1]) is None
     assert [b.id for b in beta.batches.list(limit=1, after=ids[2]).data] == [ids[0]]
+    # a client paging from the expired one pages on; the index lets it go only once it is
+    # past every batch's life (at the tenant's next batch)
+    assert [b.id for b in beta.batches.list(limit=1, after=ids[1]).data] == [ids[0]]
+    index = keys.tenant_batches("beta")
+    r.zadd(index, {ids[1]: time.time() - 40 * 24 * 3600})
+    create(beta, LINES)
+    assert r.zscore(index, ids[1]) is None and r.zscore(index, ids[0]) is not None
