@@ -5,7 +5,8 @@ script checks the state and ends a queued line in one step, so a line leased mea
 left running), and the last of them to end settles the batch `cancelled`
 (shared/lua/terminal.lua), its result in the output file. No line past the cursor is
 enqueued once `enqueue_done` is set: those lines (every line, for a cancel while the batch
-was validating) end `cancelled` too, without running, so a cancelled batch counts every
+was validating; none for one before its driver read the file: `total` stays 0, as
+OpenAI's) end `cancelled` too, without running, so a cancelled batch counts every
 line of its `total` (completed + failed = total) and its error file lists each one that
 did not run with `batch_cancelled`, however far the driver had got. A line never enqueued
 gets no job record: an entry of the error file (shared/lua/batch_unrun.lua).
