@@ -36,6 +36,17 @@ def matches(h: dict[str, str], state: str | None, model: str | None,
     return True
 
 
+async def start_after(r: Any, index: str, after: str | None, noun: str) -> int:
+    """The rank (newest first) where a page after `after` begins in a tenant's index; an
+    `after` not in it is a 400, as OpenAI's lists answer."""
+    if after is None:
+        return 0
+    rank: int | None = await r.zrevrank(index, after)
+    if rank is None:
+        raise InvalidRequest(f"after: no {noun} {after!r} in this list", param="after")
+    return rank + 1
+
+
 async def listing(st: AppState, tenant: str, *, limit: int, after: str | None,
                   state: str | None, model: str | None,
                   metadata: dict[str, str]) -> dict[str, Any]:
@@ -43,12 +54,7 @@ async def listing(st: AppState, tenant: str, *, limit: int, after: str | None,
         raise InvalidRequest(f"status must be one of {', '.join(sorted(STATES))}",
                              param="status")
     index = keys.tenant_jobs(tenant)
-    start = 0
-    if after is not None:
-        rank: int | None = await st.redis.zrevrank(index, after)  # type: ignore[assignment]
-        if rank is None:
-            raise InvalidRequest(f"after: no job {after!r} in this list", param="after")
-        start = rank + 1
+    start = await start_after(st.redis, index, after, "job")
     out: list[JobRecord] = []
     gone: list[str] = []
     scanned, exhausted = 0, False

@@ -29,6 +29,7 @@ from tokenq.api import admission, idempotency
 from tokenq.api.deps import AppState
 from tokenq.api.errors import Conflict, IdempotencyInProgress, InvalidRequest, NotFound
 from tokenq.api.idempotency import Idem
+from tokenq.api.joblist import start_after
 from tokenq.api.openai import batch_files, files
 from tokenq.api.openai.batch_files import TERMINAL
 from tokenq.api.openai.batch_store import BatchStore
@@ -161,12 +162,7 @@ async def get(state: AppState, tenant: str, batch_id: str) -> dict[str, Any]:
 async def listing(state: AppState, tenant: str, limit: int, after: str | None) -> dict[str, Any]:
     """Newest first; `after` must be a batch of this list (400 otherwise, as jobs)."""
     index = keys.tenant_batches(tenant)
-    start = 0
-    if after is not None:
-        rank: int | None = await state.redis.zrevrank(index, after)  # type: ignore[assignment]
-        if rank is None:
-            raise InvalidRequest(f"after: no batch {after!r} in this list", param="after")
-        start = rank + 1
+    start = await start_after(state.redis, index, after, "batch")
     out: list[dict[str, Any]] = []
     while len(out) <= limit:  # one more than the page: has_more
         want = limit + 1 - len(out)
