@@ -100,7 +100,8 @@ class BatchDriver:
         """Pending batches this replica is not driving, each in a task of its own, up to
         MAX_DRIVEN and one per tenant (a batch another replica holds is skipped: its
         lease), in turn: the look begins after the batch started last, and a batch whose
-        turn ended (its lane full, its lines still running) sits out RETRY_S. (Taken in
+        turn left it waiting for room in its lane sits out RETRY_S (a cancel's `nudge`
+        ends that). (Taken in
         id order every time, batches stuck on a full lane, a few milliseconds a turn, held
         every slot, and their tenants' other batches, at every look.)"""
         pending, now = await self.batches.pending(), time.monotonic()
