@@ -8,7 +8,6 @@ one per tenant (api/openai/batch_driver.py, `start_more`). Fake engine, real Red
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -16,7 +15,8 @@ import redis
 
 from tests.faults.conftest import KEYS
 from tests.faults.harness import FAKE, FAKE_IDLE, fake_stack, redis_of
-from tests.faults.test_hostile_batches import client, create, inject_batch
+from tests.faults.test_batch_cancel import wait_for
+from tests.faults.test_hostile_batches import client, create, inject_batch, wait_done
 from tests.integration.test_openai_batches import chat_line, jsonl
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
@@ -37,26 +37,20 @@ def test_a_small_batch_runs_while_another_tenants_long_one_validates(stack: Stac
     alpha, beta = client(stack, "alpha"), client(stack, "beta")
     r: redis.Redis = redis_of(stack)
     long_id = create(alpha, [chat_line(f"a{i}", f"call {i}", model=FAKE) for i in range(LONG)])
-    deadline = time.monotonic() + 60
-    while not r.exists(keys.batch_driver(long_id)):  # a driver works on it
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for("a driver works on alpha's batch",
+             lambda: bool(r.exists(keys.batch_driver(long_id))))
     small_id = create(beta, [chat_line("b0", "hi", model=FAKE)])
     try:
-        deadline = time.monotonic() + 120
-        while (small := beta.batches.retrieve(small_id)).status == "validating":
-            assert time.monotonic() < deadline, small
-            time.sleep(0.05)
+        wait_for("beta's batch validated",
+                 lambda: beta.batches.retrieve(small_id).status != "validating", 120)
+        small = beta.batches.retrieve(small_id)
         long_status = alpha.batches.retrieve(long_id).status
         # beta's batch was validated while alpha's was (a driver per batch, not in turn)
         assert long_status == "validating", (long_status, small.status)
         assert small.status in {"in_progress", "finalizing", "completed"}, small
     finally:
         alpha.batches.cancel(long_id)
-    deadline = time.monotonic() + 300
-    while alpha.batches.retrieve(long_id).status != "cancelled":
-        assert time.monotonic() < deadline
-        time.sleep(0.5)
+    assert wait_done(alpha, long_id, timeout=300).status == "cancelled"
 
 
 def test_batches_stuck_on_a_full_lane_hold_no_slot(stack: Stack) -> None:
@@ -75,12 +69,7 @@ def test_batches_stuck_on_a_full_lane_hold_no_slot(stack: Stack) -> None:
         inject_batch(r, f"batch_0a0{n}", idle.id, owner=owner, total="6")
     inject_batch(r, "batch_0a05", fresh.id, status="validating", total="0")  # alpha's
     inject_batch(r, "batch_0a06", fresh.id, owner="omega", status="validating", total="0")
-    deadline = time.monotonic() + 60
-    while {r.hget(keys.batch(b), "status") for b in ("batch_0a05", "batch_0a06")} != {
-            "completed"}:
-        assert time.monotonic() < deadline, [
-            r.hmget(keys.batch(f"batch_0a0{n}"), ["status", "enqueued", "total"])
-            for n in range(1, 7)]
-        time.sleep(0.1)
+    wait_for("the fresh batches complete", lambda: {
+        r.hget(keys.batch(b), "status") for b in ("batch_0a05", "batch_0a06")} == {"completed"})
     for n in range(1, 5):  # the stuck ones still wait for room, untouched
         assert r.hget(keys.batch(f"batch_0a0{n}"), "status") == "in_progress"

@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from tests.faults.harness import FAKE, FAKE_IDLE, fake_stack, redis_of
+from tests.faults.test_batch_cancel import wait_for
 from tests.faults.test_hostile_batches import client, create, inject_batch, wait_done
 from tests.integration.test_openai_batches import chat_line, jsonl
 from tokenq.api.openai.batch_driver import batch_lane_limit
@@ -98,10 +99,8 @@ def test_a_cancel_names_every_unenqueued_line_when_later_lines_have_jobs(stack: 
     bid = create(alpha, [chat_line(c, "hi", model=m) for c, m in zip(cids, models,
                                                                        strict=True)])
     job = f"job_{bid.removeprefix('batch_')}"
-    deadline = time.monotonic() + 60
-    while not all(r.exists(keys.job(f"{job}_{n}")) for n in (6, 7, 8)):
-        assert time.monotonic() < deadline, r.hgetall(keys.batch(bid))
-        time.sleep(0.1)
+    wait_for("the other model's lines past the refused one have jobs",
+             lambda: all(r.exists(keys.job(f"{job}_{n}")) for n in (6, 7, 8)))
     alpha.batches.cancel(bid)
     b = wait_done(alpha, bid)
     assert b.status == "cancelled" and b.request_counts is not None, b

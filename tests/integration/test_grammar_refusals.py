@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from llama_cpp import llama_cpp as ll
 
+from tests.integration.test_file_expiry import wait_until
 from tests.integration.test_llamacpp_engine import Collector, request, start_engine
 from tokenq.shared.schemas import SamplingParams
 from tokenq.workers.engines import llamacpp_sampling as sampling
@@ -199,10 +200,7 @@ def test_jobs_that_need_whole_passes_sit_out_steps(
                                 logit_bias={NEWLINE: 100.0})
         eng.submit(EngineRequest(job_id=job, attempt=1, params=params,
                                  messages=[{"role": "user", "content": "Describe a cat."}]))
-    deadline = time.monotonic() + 60
-    while len(passes) < 6:  # every slow job is inside a string
-        assert time.monotonic() < deadline, len(passes)
-        time.sleep(0.01)
+    wait_until("every slow job is inside a string", lambda: len(passes) >= 6, 60)
     plain = f"plain{next(ids)}"
     t0 = time.perf_counter()
     eng.submit(request(plain, "Count from one to twenty.", max_tokens=48))

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import redis
 
+from tests.integration.test_file_expiry import wait_until
 from tests.integration.test_metrics import value
 from tokenq.cli.stack import Stack
 from tokenq.client.sse import RawEvent, stream_events
@@ -150,10 +151,8 @@ def test_high_job_preempts_a_low_one_which_resumes_without_gap(preempt_stack: St
             assert client.get(f"/v1/jobs/{job_id}").json()["finished_at"] < last_low
     # every job is in the latency histograms once, the preempted ones too (the task
     # records just after the terminal write)
-    deadline = time.monotonic() + 10
-    while latency_counts(preempt_stack) != [c + 6 for c in counts0]:
-        assert time.monotonic() < deadline, (counts0, latency_counts(preempt_stack))
-        time.sleep(0.1)
+    wait_until(f"latency counts {counts0} each up by 6",
+               lambda: latency_counts(preempt_stack) == [c + 6 for c in counts0])
 
 
 def test_a_job_that_asks_for_exact_text_is_not_preempted(preempt_stack: Stack) -> None:
