@@ -52,7 +52,7 @@ from tokenq.shared.schemas import JobErrorInfo
 log = logging.getLogger(__name__)
 
 MAX_DRIVEN = 4  # batches a replica works on at once (one per tenant)
-RETRY_S = 1.0  # a batch whose turn ended waits this long for its next (its lane full, ...)
+RETRY_S = 1.0  # a batch whose turn left it waiting for room waits this long for its next
 MAX_DRIVER_FAILURES = 3  # tries of a batch whose processing raises, then it is given up
 BATCH_LANE_SHARE = 0.9  # of a lane's queue_limit, batch lines fill at most (batch_lane_limit)
 
@@ -101,9 +101,8 @@ class BatchDriver:
         MAX_DRIVEN and one per tenant (a batch another replica holds is skipped: its
         lease), in turn: the look begins after the batch started last, and a batch whose
         turn left it waiting for room in its lane sits out RETRY_S (a cancel's `nudge`
-        ends that). (Taken in
-        id order every time, batches stuck on a full lane, a few milliseconds a turn, held
-        every slot, and their tenants' other batches, at every look.)"""
+        ends that). (Taken in id order every time, batches stuck on a full lane, a few
+        milliseconds a turn, held every slot, and their tenants' other batches.)"""
         pending, now = await self.batches.pending(), time.monotonic()
         self._resting = {b: t for b, t in self._resting.items() if t > now}
         k = bisect.bisect_right(pending, self._last)

@@ -59,6 +59,13 @@ async def with_size(state: AppState, h: dict[str, str]) -> dict[str, str]:
     return {**h, "bytes": str(size)}
 
 
+def ended_unrun(status: str, *, started: bool) -> dict[str, str]:
+    """The `error` of a line cancelled or expired (before it ran, unless `started`)."""
+    code = "batch_cancelled" if status == "cancelled" else "batch_expired"
+    return {"code": code, "message": f"the request was {status}"
+            + ("" if started else " before it ran")}
+
+
 def output_line(endpoint: str, rec: JobRecord, custom_id: str) -> dict[str, Any]:
     """One line of an output or error file, in OpenAI's batch output format."""
     line: dict[str, Any] = {"id": "batch_req_" + rec.id.removeprefix("job_"),
@@ -67,9 +74,7 @@ def output_line(endpoint: str, rec: JobRecord, custom_id: str) -> dict[str, Any]
         line["response"] = {"status_code": 200, "request_id": rec.id,
                             "body": final_response(endpoint, rec)}
     elif rec.status in ("cancelled", "expired"):
-        code = "batch_cancelled" if rec.status == "cancelled" else "batch_expired"
-        line["error"] = {"code": code, "message": f"the request was {rec.status} before it ran"
-                         if rec.started_at is None else f"the request was {rec.status}"}
+        line["error"] = ended_unrun(rec.status, started=rec.started_at is not None)
     else:
         err = rec.error
         # Refused before it ran (a line rejected at enqueue: attempts 0) or by the engine
@@ -119,5 +124,4 @@ def unrun_line(batch_id: str, entry: str) -> dict[str, Any]:
     n, _, custom_id = entry[1:].partition(" ")
     job_id = line_job_id(batch_id, int(n))
     return {"id": "batch_req_" + job_id.removeprefix("job_"), "custom_id": custom_id,
-            "response": None, "error": {"code": "batch_cancelled",
-                                        "message": "the request was cancelled before it ran"}}
+            "response": None, "error": ended_unrun("cancelled", started=False)}
