@@ -72,3 +72,9 @@ def test_placement_posts_prints_the_submit_rate_with_and_without_the_order() -> 
 def test_worker_stop_prints_how_long_an_idle_worker_took_to_exit() -> None:
     out = run("benchmarks/worker_stop.py", "--runs", "1")
     assert re.search(r"an idle worker exited \d+\.\d\d s after SIGTERM \(median", out), out
+
+
+def test_batch_cancel_memory_prints_bytes_a_line() -> None:
+    out = run("benchmarks/batch_cancel_memory.py", "200")
+    assert re.search(r"^cancelled .*total=200\): swept in [\d.]+ s, Redis memory "
+                     r"\+-?[\d.]+ MB, -?\d+ bytes a line$", out, re.M), out

@@ -209,4 +209,6 @@ def test_jobs_that_need_whole_passes_sit_out_steps(
     spent = sum(d for s, d in passes if t0 <= s <= t1)
     col.wait(slow, timeout=300)
     assert len(col.ids[plain]) >= 24
+    print(f"whole passes: {spent:.2f} s of the plain job's {t1 - t0:.2f} s "
+          f"({spent / (t1 - t0):.0%})")  # (pytest -s shows it: the figure docs cite)
     assert spent / (t1 - t0) < 0.5, (spent, t1 - t0, len(passes))
