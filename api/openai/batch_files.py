@@ -21,6 +21,7 @@ from tokenq.api.deps import AppState
 from tokenq.api.openai.batch_lines import line_job_id
 from tokenq.api.openai.batch_store import BatchStore
 from tokenq.api.openai.protocol import final_response
+from tokenq.api.openai.tools import plan_of_record
 from tokenq.shared import keys
 from tokenq.shared.jobs import dumps
 from tokenq.shared.schemas import JobRecord
@@ -72,7 +73,7 @@ def output_line(endpoint: str, rec: JobRecord, custom_id: str) -> dict[str, Any]
                             "custom_id": custom_id, "response": None, "error": None}
     if rec.status == "succeeded":
         line["response"] = {"status_code": 200, "request_id": rec.id,
-                            "body": final_response(endpoint, rec)}
+                            "body": final_response(endpoint, rec, None, plan_of_record(rec))}
     elif rec.status in ("cancelled", "expired"):
         line["error"] = ended_unrun(rec.status, started=rec.started_at is not None)
     else:

@@ -58,7 +58,9 @@ def parse_line(endpoint: str, raw: bytes) -> tuple[str, JobRequest]:
     if not isinstance(custom_id, str) or not custom_id:
         raise LineError("missing_required_parameter", "custom_id must be a non-empty string",
                         "custom_id")
-    if line.get("method", "POST") != "POST":
+    if "method" not in line:
+        raise LineError("missing_required_parameter", "method is required (POST)", "method")
+    if line["method"] != "POST":
         raise LineError("invalid_request", "method must be POST", "method")
     if line.get("url") != endpoint:
         raise LineError("mismatched_url", f"url must be the batch's endpoint "
@@ -69,9 +71,9 @@ def parse_line(endpoint: str, raw: bytes) -> tuple[str, JobRequest]:
     req = protocol.parse(endpoint, body)
     if getattr(req, "stream", False):
         raise LineError("invalid_request", "stream is not allowed in a batch", "body.stream")
-    if (req.n or 1) > 1 or req.log_k() is not None or getattr(req, "tools", None):
-        raise LineError("invalid_request", "n > 1, logprobs and tools are served on "
-                        "the interactive endpoints, not in batch lines", "body")
+    if (req.n or 1) > 1 or req.log_k() is not None:
+        raise LineError("invalid_request", "n > 1 and logprobs are served on the "
+                        "interactive endpoints, not in batch lines", "body")
     job = req.to_job()
     job.priority = "low"  # live traffic first while a batch drains
     return custom_id, job

@@ -96,6 +96,9 @@ def test_invalid_lines_fail_validation_and_enqueue_nothing(
         chat_line("unknown-model", "hi", model="no-such-model"),
         chat_line("too-long", "hi", max_tokens=10**6),
         {"method": "POST", "url": "/v1/chat/completions", "body": {}},
+        {k: v for k, v in chat_line("no-method", "hi").items() if k != "method"},
+        chat_line("two-choices", "hi", n=2),
+        chat_line("logprobs", "hi", logprobs=True),
     ]
     depth = stack_redis.llen(keys.queue(SMOL, "low"))
     f = oai.files.create(file=("bad.jsonl", jsonl(lines)), purpose="batch")
@@ -104,9 +107,11 @@ def test_invalid_lines_fail_validation_and_enqueue_nothing(
     failed = wait_status(oai, b.id, {"failed"}, timeout=60)
     assert failed.errors is not None and failed.errors.data is not None
     by_line = {e.line: e.code for e in failed.errors.data}
-    assert set(by_line) == {2, 3, 4, 5, 6, 7}, by_line
+    assert set(by_line) == {2, 3, 4, 5, 6, 7, 8, 9, 10}, by_line
     assert by_line[2] == "invalid_json" and by_line[3] == "mismatched_url"
     assert by_line[4] == "duplicate_custom_id" and by_line[5] == "model_not_found"
+    assert by_line[8] == "missing_required_parameter"  # OpenAI's lines name their method
+    assert by_line[9] == by_line[10] == "invalid_request"
     assert failed.output_file_id is None and failed.request_counts is not None
     assert stack_redis.llen(keys.queue(SMOL, "low")) == depth
     hex_ = b.id.removeprefix("batch_")
@@ -187,3 +192,38 @@ def test_batch_over_the_line_limit_fails_validation(oai: openai.OpenAI,
     assert [e.code for e in failed.errors.data] == ["too_many_lines"]
     assert failed.errors.data[0].line == MAX_BATCH_LINES + 1
     assert stack_redis.llen(keys.queue(NO_WORKER_MODEL, "low")) == depth
+
+
+def test_tool_calls_in_batch_lines(oai: openai.OpenAI) -> None:
+    """A line with tools answers as the interactive route does: the calls read back out of
+    the job's text with the plan its record keeps (the format chosen at submit)."""
+    weather = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
+               "required": ["city"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": weather}},
+             {"type": "function", "function": {"name": "get_time", "parameters": {
+                 "type": "object", "properties": {}, "additionalProperties": False}}}]
+    ask = "What is the weather like in Paris today?"
+    lines = [chat_line("required", ask, tools=tools, tool_choice="required", max_tokens=96,
+                       parallel_tool_calls=False),
+             chat_line("named", ask, tools=tools, max_tokens=96, tool_choice={
+                 "type": "function", "function": {"name": "get_weather"}}),
+             chat_line("plain", ask)]
+    f = oai.files.create(file=("t.jsonl", jsonl(lines)), purpose="batch")
+    b = oai.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                           completion_window="24h")
+    done = wait_status(oai, b.id, {"completed"})
+    assert done.output_file_id and done.error_file_id is None
+    out = {x["custom_id"]: x["response"]["body"]["choices"][0]
+           for x in read_lines(oai, done.output_file_id)}
+    for cid, reason in (("required", "tool_calls"), ("named", "stop")):
+        choice = out[cid]
+        assert choice["finish_reason"] == reason, choice  # as on the interactive route
+        msg = choice["message"]
+        assert msg["content"] is None and len(msg["tool_calls"]) == 1, msg
+        call = msg["tool_calls"][0]
+        assert call["type"] == "function" and call["id"].startswith("call_")
+        if cid == "named":
+            assert call["function"]["name"] == "get_weather"
+        if call["function"]["name"] == "get_weather":
+            assert set(json.loads(call["function"]["arguments"])) == {"city"}
+    assert out["plain"]["message"]["content"] and "tool_calls" not in out["plain"]["message"]
