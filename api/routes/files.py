@@ -4,19 +4,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import StreamingResponse
 
 from tokenq.api.deps import StateDep, TenantDep
+from tokenq.api.errors import InvalidRequest
 from tokenq.api.openai import batch_files, files
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
 
 @router.post("")
-async def create_file(state: StateDep, tenant: TenantDep,
+async def create_file(request: Request, state: StateDep, tenant: TenantDep,
                       file: Annotated[UploadFile, File()],
                       purpose: Annotated[str, Form()]) -> dict[str, Any]:
+    form = await request.form()  # parsed already, for the parameters: read, not parsed again
+    for name in ("file", "purpose"):
+        if len(form.getlist(name)) > 1:  # which one is meant? not the last, silently
+            raise InvalidRequest(f"send one {name!r} part, not {len(form.getlist(name))}",
+                                 param=name)
     return await files.create(state, tenant, file, purpose)
 
 

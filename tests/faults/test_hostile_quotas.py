@@ -29,6 +29,22 @@ def upload(c: Any, size: int) -> Any:
                   files={"file": ("f.txt", b"x" * size)})
 
 
+def test_an_upload_with_two_file_parts_is_refused(hostile: Stack) -> None:
+    """Two `file` (or `purpose`) parts: a 400 naming it, nothing stored (not the last part
+    kept silently, which a client sending the wrong one first would never see)."""
+    with client(hostile, "alpha") as alpha:
+        before = len(alpha.get("/v1/files").json()["data"])
+        two_files = [("file", ("a.txt", b"a")), ("file", ("b.txt", b"b"))]
+        resp = alpha.post("/v1/files", data={"purpose": "user_data"}, files=two_files)
+        assert_envelope(resp, 400)
+        assert resp.json()["error"]["param"] == "file"
+        resp = alpha.post("/v1/files", data={"purpose": ["user_data", "batch"]},
+                          files={"file": ("a.txt", b"a")})
+        assert_envelope(resp, 400)
+        assert resp.json()["error"]["param"] == "purpose"
+        assert len(alpha.get("/v1/files").json()["data"]) == before
+
+
 def test_file_quota_per_tenant(hostile: Stack) -> None:
     with client(hostile, "alpha") as alpha, client(hostile, "beta") as beta:
         for f in alpha.get("/v1/files").json()["data"]:
