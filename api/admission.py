@@ -23,6 +23,7 @@ from tokenq.api.errors import (
     QueueFull,
 )
 from tokenq.api.openai.tools import checked_constraint, template_of
+from tokenq.api.openai.tools import compact as compact_plan
 from tokenq.api.openai.tools import plan as tool_plan
 from tokenq.api.openai.tools import render as render_tools
 from tokenq.api.openai.tools import validate as validate_tools
@@ -224,7 +225,7 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
         if req.metadata.get("webhook_url"):
             fields["webhook_url"] = await check_webhook_url(state, req.metadata["webhook_url"])
     if plan is not None:
-        fields["tool_format"] = plan.fmt
+        fields["tool_format"], fields["tool_plan"] = plan.fmt, compact_plan(plan)
     if adapter is not None:
         fields["adapter"] = adapter.name
         fields["adapter_version"] = str(adapter.id)

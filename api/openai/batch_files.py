@@ -17,11 +17,12 @@ from typing import Any
 
 from redis.exceptions import WatchError
 
+from tokenq.api.cpu import PATIENT
 from tokenq.api.deps import AppState
 from tokenq.api.openai.batch_lines import line_job_id
 from tokenq.api.openai.batch_store import BatchStore
 from tokenq.api.openai.protocol import final_response
-from tokenq.api.openai.tools import plan_of_record
+from tokenq.api.openai.tools import Plan, from_compact
 from tokenq.shared import keys
 from tokenq.shared.jobs import dumps
 from tokenq.shared.schemas import JobRecord
@@ -67,13 +68,15 @@ def ended_unrun(status: str, *, started: bool) -> dict[str, str]:
             + ("" if started else " before it ran")}
 
 
-def output_line(endpoint: str, rec: JobRecord, custom_id: str) -> dict[str, Any]:
-    """One line of an output or error file, in OpenAI's batch output format."""
+def output_line(endpoint: str, rec: JobRecord, custom_id: str, plan: Plan | None = None
+                ) -> dict[str, Any]:
+    """One line of an output or error file, in OpenAI's batch output format (`plan`: the
+    line's tool handling, which its record keeps)."""
     line: dict[str, Any] = {"id": "batch_req_" + rec.id.removeprefix("job_"),
                             "custom_id": custom_id, "response": None, "error": None}
     if rec.status == "succeeded":
         line["response"] = {"status_code": 200, "request_id": rec.id,
-                            "body": final_response(endpoint, rec, None, plan_of_record(rec))}
+                            "body": final_response(endpoint, rec, None, plan)}
     elif rec.status in ("cancelled", "expired"):
         line["error"] = ended_unrun(rec.status, started=rec.started_at is not None)
     else:
@@ -87,6 +90,17 @@ def output_line(endpoint: str, rec: JobRecord, custom_id: str) -> dict[str, Any]
             if status == 500 else "invalid_request_error", "code": err.code if err else None,
             "param": None}}}
     return line
+
+
+# What an output line needs of a job record: not its `request` or `spec`, which hold the
+# prompt (twice) and the tools; `tool_plan` is what reading the calls back needs of them.
+LINE_FIELDS = ("id", "model", "state", "attempts", "created_at", "started_at", "output",
+               "finish_reason", "usage", "error", "adapter", "tool_format", "tool_plan",
+               "custom_id")
+# A chunk whose records are larger than this is rendered on the CPU pool, in the batch
+# owner's share: reading tool calls back out of 256 long outputs is Python work by the
+# character, which on the event loop would stall every stream of the replica.
+INLINE_CHUNK_BYTES = 256 * 1024
 
 
 async def render(state: AppState, file_meta: dict[str, str], chunk: int = 256
@@ -103,20 +117,47 @@ async def render(state: AppState, file_meta: dict[str, str], chunk: int = 256
         if not ids:
             return
         start += len(ids)
-        pipe = state.redis.pipeline(transaction=False)
-        for job_id in ids:
-            if not job_id.startswith("~"):
-                pipe.hgetall(keys.job(job_id))
-        recs = iter(await pipe.execute())
-        lines = []
-        for job_id in ids:
-            if job_id.startswith("~"):
-                lines.append(dumps(unrun_line(h["id"], job_id)) + "\n")
-            elif rec_h := next(recs):
-                rec = JobRecord.from_hash(rec_h)
-                lines.append(dumps(output_line(h["endpoint"], rec, rec_h.get("custom_id", "")))
-                             + "\n")
-        yield "".join(lines).encode()
+        recs = await _records(state, [x for x in ids if not x.startswith("~")])
+        if sum(len(v) for r in recs if r for v in r.values()) <= INLINE_CHUNK_BYTES:
+            yield _lines(h, ids, recs)
+        else:
+            yield await _off_loop(state, h, ids, recs)
+
+
+async def _records(state: AppState, ids: list[str]) -> list[dict[str, str] | None]:
+    """The records' LINE_FIELDS (None: gone)."""
+    pipe = state.redis.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hmget(keys.job(job_id), LINE_FIELDS)
+    return [{k: v for k, v in zip(LINE_FIELDS, vals, strict=True) if v is not None} or None
+            for vals in await pipe.execute()]
+
+
+async def _off_loop(state: AppState, h: dict[str, str], ids: list[str],
+                    recs: list[dict[str, str] | None]) -> bytes:
+    """_lines on the CPU pool in the batch owner's share; a download waits its turn there
+    (no 429 in the middle of a file)."""
+    token = PATIENT.set(True)
+    try:
+        return await state.counter.pool.run(h["owner"], _lines, h, ids, recs)
+    finally:
+        PATIENT.reset(token)
+
+
+def _lines(h: dict[str, str], ids: list[str], recs: list[dict[str, str] | None]) -> bytes:
+    """A chunk's lines: `ids` (an entry "~..." is a line a cancel left unenqueued) with the
+    records read for the others, in order."""
+    found = iter(recs)
+    lines = []
+    for job_id in ids:
+        if job_id.startswith("~"):
+            lines.append(dumps(unrun_line(h["id"], job_id)) + "\n")
+        elif rec_h := next(found):
+            rec = JobRecord.from_hash({"request": "{}", **rec_h})
+            line = output_line(h["endpoint"], rec, rec_h.get("custom_id", ""),
+                               from_compact(rec_h.get("tool_plan")))
+            lines.append(dumps(line) + "\n")
+    return "".join(lines).encode()
 
 
 def unrun_line(batch_id: str, entry: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -34,7 +34,7 @@ from tokenq.shared import schema_keywords
 from tokenq.shared.chat import renders_tools
 from tokenq.shared.schema_budget import GrammarBudget, SchemaOverBudget, estimate, nesting
 from tokenq.shared.schema_keywords import SchemaRefused
-from tokenq.shared.schemas import JobRecord, JobRequest, NamedToolChoice, ToolDef
+from tokenq.shared.schemas import JobRequest, NamedToolChoice, ToolDef
 from tokenq.shared.settings import ModelConfig
 
 MAX_TOOLS = 128
@@ -150,24 +150,30 @@ def uses_tools(req: JobRequest) -> bool:
 
 def plan(req: JobRequest, cfg: ModelConfig, template: str | None) -> Plan | None:
     """None: a request without tools or tool history (nothing to do)."""
-    return _plan(req, tool_format(cfg, template)) if uses_tools(req) else None
-
-
-def _plan(req: JobRequest, fmt: Format) -> Plan:
+    if not uses_tools(req):
+        return None
     choice = req.tool_choice or ("auto" if req.tools else "none")
     mode: Mode = "named" if isinstance(choice, NamedToolChoice) else choice
     named = choice.function.name if isinstance(choice, NamedToolChoice) else None
-    return Plan(mode=mode, fmt=fmt, parallel=req.parallel_tool_calls is not False,
-                named=named, tools=list(req.tools or []))
+    return Plan(mode=mode, fmt=tool_format(cfg, template),
+                parallel=req.parallel_tool_calls is not False, named=named,
+                tools=list(req.tools or []))
 
 
-def plan_of_record(rec: JobRecord) -> Plan | None:
-    """The plan a finished job ran with, from its record alone (the format it was given at
-    submit and its request): a batch line's output is built from the record, when the
-    model's template may no longer be at hand."""
-    if rec.tool_format not in get_args(Format):
+def compact(p: Plan) -> str:
+    """What reading the calls back out of a job's text needs of its plan (not the tools:
+    the parsers take the names from the text), kept in the job's record (`tool_plan`)."""
+    return json.dumps({"mode": p.mode, "fmt": p.fmt, "parallel": p.parallel,
+                       "named": p.named})
+
+
+def from_compact(raw: str | None) -> Plan | None:
+    """A record's `tool_plan` (None: the job had no tools): a batch line's output is built
+    from its record, without its request (which holds the tools, up to 256 KB a line)."""
+    if not raw:
         return None
-    return _plan(JobRequest.model_validate(rec.request), cast(Format, rec.tool_format))
+    d = json.loads(raw)
+    return Plan(mode=d["mode"], fmt=d["fmt"], parallel=d["parallel"], named=d["named"])
 
 
 def _params(t: ToolDef) -> dict[str, Any]:
