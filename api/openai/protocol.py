@@ -215,12 +215,13 @@ def finish_reason(plan: Plan | None, called: bool, engine: str | None) -> str:
     return engine
 
 
-def chat_message(text: str, plan: Plan | None) -> tuple[dict[str, Any], bool]:
+def chat_message(text: str, plan: Plan | None, job_id: str | None = None
+                 ) -> tuple[dict[str, Any], bool]:
     """A chat choice's message, with the tool calls parsed out of the text (and whether
-    there were any)."""
+    there were any; their ids follow from `job_id`)."""
     msg: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
     if plan is not None and plan.parses:
-        msg["content"], msg["tool_calls"] = tool_calls(plan, text)
+        msg["content"], msg["tool_calls"] = tool_calls(plan, text, job_id)
         return msg, bool(msg["tool_calls"])
     if plan is not None:
         msg["tool_calls"] = []
@@ -242,7 +243,7 @@ def final_response(endpoint: str, recs: JobRecord | list[JobRecord],
         text = rec.output or ""
         lp = logprobs[i] if logprobs is not None else None
         if endpoint == ChatEndpoint:
-            msg, called = chat_message(text, plan)
+            msg, called = chat_message(text, plan, rec.id)
             choices.append({"index": i, "finish_reason": finish_reason(plan, called,
                                                                        rec.finish_reason),
                             "logprobs": chat_logprobs(lp) if lp is not None else None,

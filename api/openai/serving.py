@@ -166,7 +166,8 @@ async def _chunks(state: AppState, tenant: str, endpoint: str, jobs: list[str], 
 
     relays = [asyncio.create_task(relay(i)) for i in range(len(jobs))]
     offsets = [0] * len(jobs)  # completions' text_offset per choice
-    tools = [ToolStream(plan) for _ in jobs] if plan is not None and plan.parses else None
+    tools = ([ToolStream(plan, job_id) for job_id in jobs] if plan is not None and plan.parses
+             else None)
     held: list[list[dict[str, Any]]] = [[] for _ in jobs]  # logprobs not sent yet
     prompt_tokens = completion_tokens = 0
     try:

@@ -21,6 +21,7 @@ Shapes read (see api/openai/tools.py for which request gets which):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
@@ -31,6 +32,7 @@ from tokenq.api.openai.tools import Plan
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _WS = " \t\r\n"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _STRING_BODY = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*', re.DOTALL)
 
 
@@ -140,9 +142,13 @@ def _string(text: str, n: Node | None) -> str | None:
     for cut in range(min(6, len(raw)) + 1):  # drop an escape the text stops inside
         try:
             out: str = json.loads('"' + raw[:len(raw) - cut] + '"')
-            return out
         except ValueError:
             continue
+        if n.end is None and out and "\ud800" <= out[-1] <= "\udbff":
+            out = out[:-1]  # a pair's first half (`\\ud83d`): the second may come next
+        # A half without its other half (the decoder joins whole pairs) can be no text
+        # on the wire: it becomes U+FFFD, as an invalid byte does in decoded output.
+        return _SURROGATE.sub("\ufffd", out)
     return None
 
 
@@ -204,24 +210,30 @@ def parse(p: Plan, text: str, final: bool = True) -> Parsed:
     return Parsed(text, [], ok=False)
 
 
-def call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
+def call_id(job_id: str | None, i: int) -> str:
+    """The id of a job's i-th call: the same on every read of the job (a batch output file
+    is rendered from the record on each download; a stream and the record agree), and
+    unique as job ids are. Without a job, a random one."""
+    if job_id is None:
+        return "call_" + uuid.uuid4().hex[:24]
+    return "call_" + hashlib.sha256(f"{job_id}/{i}".encode()).hexdigest()[:24]
 
 
-def tool_calls(p: Plan, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+def tool_calls(p: Plan, text: str, job_id: str | None = None
+               ) -> tuple[str | None, list[dict[str, Any]]]:
     """A whole text -> (message content, OpenAI tool_calls)."""
     got = parse(p, text)
-    calls = [{"id": call_id(), "type": "function",
+    calls = [{"id": call_id(job_id, i), "type": "function",
               "function": {"name": c.name, "arguments": c.arguments}}
-             for c in got.calls if c.name is not None]
+             for i, c in enumerate(c for c in got.calls if c.name is not None)]
     return got.content, calls
 
 
 class ToolStream:
     """One choice's text as it streams -> chat deltas (`content` or `tool_calls`)."""
 
-    def __init__(self, plan: Plan):
-        self.plan = plan
+    def __init__(self, plan: Plan, job_id: str | None = None):
+        self.plan, self.job_id = plan, job_id
         self.text = ""
         self.content = 0  # characters of content sent
         self.sent: list[int] = []  # per call: argument characters sent
@@ -242,7 +254,7 @@ class ToolStream:
             if c.name is None:
                 break
             if i == len(self.sent):
-                self.ids.append(call_id())
+                self.ids.append(call_id(self.job_id, i))
                 self.sent.append(0)
                 out.append({"tool_calls": [{"index": i, "id": self.ids[i], "type": "function",
                                             "function": {"name": c.name, "arguments": ""}}]})

@@ -213,6 +213,9 @@ def test_tool_calls_in_batch_lines(oai: openai.OpenAI) -> None:
                            completion_window="24h")
     done = wait_status(oai, b.id, {"completed"})
     assert done.output_file_id and done.error_file_id is None
+    # rendered from the records on each read: the same bytes, call ids included
+    assert oai.files.content(done.output_file_id).content == \
+        oai.files.content(done.output_file_id).content
     out = {x["custom_id"]: x["response"]["body"]["choices"][0]
            for x in read_lines(oai, done.output_file_id)}
     for cid, reason in (("required", "tool_calls"), ("named", "stop")):

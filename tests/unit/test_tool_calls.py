@@ -165,6 +165,42 @@ def test_parse_and_stream_agree(mode: str, fmt: str, text: str, content: str | N
     assert s.called == bool(calls)
 
 
+@pytest.mark.parametrize(("text", "content"), [
+    ('{"response": "smile \\ud83d\\ude00 ok"}', "smile \U0001f600 ok"),  # a pair
+    ('{"response": "half \\ud83d ok"}', "half \ufffd ok"),  # a half alone: U+FFFD
+    ('{"response": "low \\ude00"}', "low \ufffd"),
+])
+def test_escaped_surrogates_stream_as_the_whole_text(text: str, content: str) -> None:
+    """A pair's escapes split across tokens: the stream held back the first half, sent
+    it alone (no UTF-8 can carry it: the SSE write raised) and never sent the emoji."""
+    p = the_plan("auto")
+    assert tool_calls(p, text)[0] == content
+    for step in (1, 3, 7):
+        s = ToolStream(p)
+        deltas = [d for i in range(0, len(text), step) for d in s.feed(text[i:i + step])]
+        streamed = "".join(d.get("content", "") for d in deltas + s.finish())
+        assert streamed == content, (step, streamed)
+        for d in deltas:
+            json.dumps(d, ensure_ascii=False).encode()  # each delta can go on the wire
+
+
+def test_call_ids_follow_from_the_job() -> None:
+    """A batch output file is rendered from the records on every download: its call ids
+    must not change between downloads (they were random per render); a job's stream and
+    its record give the same ids too."""
+    text = ('[{"name": "get_time", "parameters": {"tz": "A"}}, '
+            '{"name": "get_weather", "parameters": {"city": "B", "unit": "c"}}]')
+    p = the_plan("required")
+    ids = [c["id"] for c in tool_calls(p, text, "job_1")[1]]
+    assert ids == [c["id"] for c in tool_calls(p, text, "job_1")[1]]
+    assert len(set(ids)) == 2 and all(i.startswith("call_") and len(i) == 29 for i in ids)
+    assert not set(ids) & {c["id"] for c in tool_calls(p, text, "job_2")[1]}
+    s = ToolStream(p, "job_1")
+    streamed = [tc["id"] for ch in text for d in s.feed(ch) for tc in d.get("tool_calls", [])
+                if "id" in tc]
+    assert streamed == ids
+
+
 def test_parallel_false_keeps_one_hermes_call() -> None:
     text = ('<tool_call>{"name": "get_time", "arguments": {"tz": "A"}}</tool_call>'
             '<tool_call>{"name": "get_time", "arguments": {"tz": "B"}}</tool_call>')
