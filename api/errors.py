@@ -194,6 +194,15 @@ class JobFailed(TokenqError):
     code = "job_failed"
 
 
+class ClientClosed(TokenqError):
+    """The client went away before the reply (499, nginx's status for it): nobody reads
+    the answer; the access log and the API's logs show what happened, not a 500."""
+
+    status = 499
+    type = "invalid_request_error"
+    code = "client_closed_request"
+
+
 class JobExpired(TokenqError):
     """The job passed its deadline before it could run (408)."""
 

@@ -20,7 +20,14 @@ from fastapi.responses import JSONResponse, Response
 
 from tokenq.api import service, sse
 from tokenq.api.deps import AppState
-from tokenq.api.errors import Conflict, InvalidRequest, JobExpired, JobFailed, TokenqError
+from tokenq.api.errors import (
+    ClientClosed,
+    Conflict,
+    InvalidRequest,
+    JobExpired,
+    JobFailed,
+    TokenqError,
+)
 from tokenq.api.openai.protocol import (
     ChatCompletionRequest,
     ChatEndpoint,
@@ -138,7 +145,8 @@ async def await_all(state: AppState, tenant: str, jobs: list[str], request: Requ
             if pending and await request.is_disconnected():
                 for job_id in jobs:
                     _cancel_later(state, tenant, job_id)
-                break
+                raise ClientClosed("the client closed the connection before the reply; "
+                                   f"job {jobs[0]} is cancelled")
         for w in waiters:
             if w.done() and not w.cancelled():
                 w.result()

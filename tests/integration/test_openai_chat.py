@@ -219,3 +219,9 @@ def test_non_streaming_disconnect_cancels_the_job(stack: Stack, stack_redis: red
     while stack_redis.hget(keys.job(job_id), "state") != "cancelled":
         assert time.time() < deadline, stack_redis.hgetall(keys.job(job_id))
         time.sleep(0.1)
+    # The access log says the client left (499, as nginx logs it), not a 500 nobody got.
+    log = stack.settings.state_dir / "logs" / "api.log"
+    deadline = time.time() + 10
+    while "POST /v1/chat/completions 499 " not in log.read_text():
+        assert time.time() < deadline, log.read_text()[-2000:]
+        time.sleep(0.1)
