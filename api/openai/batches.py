@@ -78,7 +78,11 @@ async def create(state: AppState, tenant: str, input_file_id: str, endpoint: str
                              param="endpoint")
     if completion_window not in WINDOWS:
         raise InvalidRequest("completion_window must be '24h'", param="completion_window")
-    f = await files.meta(state, tenant, input_file_id)
+    try:
+        f = await files.meta(state, tenant, input_file_id)
+    except NotFound as exc:  # named as this request names it
+        exc.param = "input_file_id"
+        raise
     if f["purpose"] != "batch":
         raise InvalidRequest(f"file {input_file_id} has purpose {f['purpose']!r}, not 'batch'",
                              param="input_file_id")

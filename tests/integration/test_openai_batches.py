@@ -119,9 +119,10 @@ def test_invalid_lines_fail_validation_and_enqueue_nothing(
 
 
 def test_batch_endpoint_and_file_checks(oai: openai.OpenAI) -> None:
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as info:
         oai.batches.create(input_file_id="file-nope", endpoint="/v1/chat/completions",
                            completion_window="24h")
+    assert info.value.body["param"] == "input_file_id"  # type: ignore[index]
     f = oai.files.create(file=("x.jsonl", jsonl([chat_line("a", "hi")])), purpose="user_data")
     with pytest.raises(openai.BadRequestError):
         oai.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
