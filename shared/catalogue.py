@@ -15,6 +15,7 @@ Redis side is shared/catalogue_io.py (sync) and api/models_admin.py (asyncio).
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from pathlib import Path
@@ -147,7 +148,7 @@ def parse_load_request(body: dict[str, Any]) -> tuple[str, ModelConfig, dict[str
                         "llama-server and vLLM: n_ctx, n_parallel, max_model_len, ...)",
                         unknown[0])
     name = body.get("name")
-    if not isinstance(name, str) or not re.match(NAME_PATTERN, name):
+    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
         raise SpecError("name: 1-64 characters of letters, digits and ._:- (starting with a "
                         "letter or digit)", "name")
     backend = body.get("backend", "auto")
@@ -171,7 +172,7 @@ def parse_load_request(body: dict[str, Any]) -> tuple[str, ModelConfig, dict[str
         raise SpecError("max_workers: an integer from 1 to 1000 (workers serving the model "
                         "at once, across every pool), or null", "max_workers")
     if not isinstance(opts["keep_alive_s"], int | float) or isinstance(
-            opts["keep_alive_s"], bool) or opts["keep_alive_s"] < 0:
+            opts["keep_alive_s"], bool) or not 0 <= opts["keep_alive_s"] < math.inf:
         raise SpecError("keep_alive_s: seconds >= 0 (0 = never unload)", "keep_alive_s")
     if not isinstance(opts["max_load_tries"], int) or not 1 <= opts["max_load_tries"] <= 20:
         raise SpecError("max_load_tries: an integer from 1 to 20", "max_load_tries")

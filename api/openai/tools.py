@@ -89,7 +89,7 @@ def validate(req: JobRequest) -> None:
     names: set[str] = set()
     for i, t in enumerate(tools):
         name = t.function.name
-        if not NAME_RE.match(name):
+        if not NAME_RE.fullmatch(name):
             raise InvalidRequest(f"tools[{i}].function.name {name[:80]!r}: use 1-64 of a-z, "
                                  "A-Z, 0-9, _ and -", param=f"tools[{i}].function.name")
         if name in names:

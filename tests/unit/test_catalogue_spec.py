@@ -48,6 +48,14 @@ def test_a_load_request_maps_onto_model_config(tmp_path: Path) -> None:
     ({"name": "-bad", "model_path": "/x.gguf"}, "name"),
     ({"name": "a", "model_path": "/x.gguf", "server_type": "tts"}, "server_type"),
     ({"name": "a", "model_path": "/x.gguf", "keep_alive_s": -1}, "keep_alive_s"),
+    # Python's JSON reads Infinity and NaN; stored, they came back null and the entry
+    # could be neither read nor retired
+    ({"name": "a", "model_path": "/x.gguf", "keep_alive_s": float("inf")}, "keep_alive_s"),
+    ({"name": "a", "model_path": "/x.gguf", "keep_alive_s": float("nan")}, "keep_alive_s"),
+    ({"name": "a", "model_path": "/x.gguf", "prefill_itl_ratio": float("inf")},
+     "prefill_itl_ratio"),
+    ({"name": "a", "model_path": "/x.gguf", "temperature": float("nan")}, "temperature"),
+    ({"name": "a\n", "model_path": "/x.gguf"}, "name"),  # `$` matches before a last \n
     ({"name": "a", "model_path": "/x.gguf", "n_ctx": "big"}, "n_ctx"),
     ({"name": "a", "model_path": "/x.gguf", "max_workers": 0}, "max_workers"),
     ({"name": "a", "model_path": "/x.gguf", "max_workers": True}, "max_workers"),

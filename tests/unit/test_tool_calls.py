@@ -39,6 +39,7 @@ def the_plan(mode: str, fmt: str = "generic", parallel: bool = True) -> Plan:
 
 @pytest.mark.parametrize(("body", "param"), [
     ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0]"),
+    ({"tools": [{"type": "function", "function": {"name": "f\n"}}]}, "tools[0]"),
     ({"tools": [WEATHER, WEATHER]}, "tools[1]"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "array"}}}]}, "tools[0]"),
