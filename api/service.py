@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from tokenq.api import durable, idempotency, placement, stream_ids
+from tokenq.api import durable, idempotency, ids, placement, stream_ids
 from tokenq.api.admission import Prepared, new_job_id, prepare
 from tokenq.api.deps import AppState
 from tokenq.api.errors import (
@@ -175,6 +175,7 @@ async def _submit(state: AppState, tenant: str, req: JobRequest, idem: Idem | No
 
 
 async def get(state: AppState, tenant: str, job_id: str) -> JobRecord:
+    ids.check("job", job_id, "job_id")
     h: dict[str, str] = await state.redis.hgetall(keys.job(job_id))  # type: ignore[assignment]
     # Another tenant's job is indistinguishable from a missing one.
     if not h or h.get("owner") != tenant:
@@ -187,6 +188,7 @@ async def get(state: AppState, tenant: str, job_id: str) -> JobRecord:
 async def check_owner(state: AppState, tenant: str, job_id: str) -> None:
     """404 unless the job exists and is the tenant's: one field, not the whole record (which
     holds the prompt twice and the output)."""
+    ids.check("job", job_id, "job_id")
     if await state.redis.hget(keys.job(job_id), "owner") != tenant:
         raise NotFound(f"no job {job_id!r}", param="job_id")
 

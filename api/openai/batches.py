@@ -25,7 +25,7 @@ from typing import Any
 
 from redis.exceptions import WatchError
 
-from tokenq.api import admission, idempotency
+from tokenq.api import admission, idempotency, ids
 from tokenq.api.deps import AppState
 from tokenq.api.errors import Conflict, IdempotencyInProgress, InvalidRequest, NotFound
 from tokenq.api.idempotency import Idem
@@ -147,6 +147,7 @@ async def _replay_or_conflict(state: AppState, tenant: str,
 
 
 async def _hash(state: AppState, tenant: str, batch_id: str) -> dict[str, str]:
+    ids.check("batch", batch_id, "batch_id")
     h: dict[str, str] = await state.redis.hgetall(keys.batch(batch_id))  # type: ignore[assignment]
     if not h or h.get("owner") != tenant:
         raise NotFound(f"no batch {batch_id!r}", param="batch_id")

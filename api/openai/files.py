@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from fastapi import UploadFile
 
-from tokenq.api import durable
+from tokenq.api import durable, ids
 from tokenq.api.deps import AppState
 from tokenq.api.errors import (
     InvalidRequest,
@@ -138,6 +138,7 @@ def _append(path: Path, data: bytes) -> None:
 
 
 async def meta(state: AppState, tenant: str, file_id: str) -> dict[str, str]:
+    ids.check("file", file_id, "file_id")
     h: dict[str, str] = await state.redis.hgetall(keys.file(file_id))  # type: ignore[assignment]
     if not h or h.get("owner") != tenant:
         raise NotFound(f"no file {file_id!r}", param="file_id")

@@ -133,6 +133,26 @@ def test_unknown_job_is_404(client: httpx.Client) -> None:
         assert_envelope(client.request(method, path), 404)
 
 
+def test_an_id_of_another_shape_is_404(client: httpx.Client) -> None:
+    """An id goes into a Redis key name: `<job id>:events` named the job's stream, a key
+    of another type, and Redis's WRONGTYPE came back as a retryable 503 (and told another
+    tenant that the id exists)."""
+    job_id = client.post("/v1/jobs", json={"model": NO_WORKER_MODEL, "prompt": "Hi",
+                                           "max_tokens": 2}).json()["id"]
+    file_id = client.post("/v1/files", data={"purpose": "batch"},
+                          files={"file": ("x.jsonl", b"{}\n")}).json()["id"]
+    for method, path in [("GET", f"/v1/jobs/{job_id}:events"),
+                         ("DELETE", f"/v1/jobs/{job_id}:events"),
+                         ("GET", f"/v1/jobs/{job_id}:events/events"),
+                         ("GET", f"/v1/files/{file_id}:data"),
+                         ("GET", f"/v1/files/{file_id}:data/content"),
+                         ("GET", "/v1/batches/batch_" + "0" * 32 + ":out"),
+                         ("POST", "/v1/batches/batch_" + "0" * 32 + ":out/cancel")]:
+        assert_envelope(client.request(method, path), 404)
+    client.delete(f"/v1/jobs/{job_id}")
+    client.delete(f"/v1/files/{file_id}")
+
+
 def test_bad_last_event_id(client: httpx.Client) -> None:
     body = {"model": SMOL, "prompt": "Hi", "max_tokens": 2}
     job_id = client.post("/v1/jobs", json=body).json()["id"]
