@@ -42,6 +42,7 @@ QueuedOnRetire = Literal["finish", "fail"]
 LLAMA_KNOBS = frozenset({
     "n_ctx", "n_parallel", "n_batch", "n_ubatch", "n_threads", "n_gpu_layers", "flash_attn",
     "kv_unified", "prefill_itl_ratio", "prefill_min_chunk", "prefill_whole_tokens",
+    "prefill_burst_s",
     "prefix_cache", "prompt_cache_ram_mb", "first_token_flush_ms"})
 VLLM_KNOBS = frozenset({
     "gpu_memory_utilization", "tensor_parallel_size", "max_model_len", "max_num_seqs",

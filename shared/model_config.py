@@ -78,6 +78,11 @@ class ModelConfig(BaseModel):
     # dozen steps costs every stream a pass per step (SmolLM2 at c=8: 0.85x llama-server's
     # tokens chunked, 0.97-0.99x whole); long prompts stay chunked.
     prefill_whole_tokens: int = Field(default=128, ge=0)
+    # While as many jobs wait for a first token as streams decode, prompts go in whole
+    # (up to n_batch), but beside a stream someone watches a step carries no more of them
+    # than keep it within this many seconds (by the measured cost of a prompt token), so
+    # one tenant's long prompt cannot stand another's stream still for its whole prefill.
+    prefill_burst_s: float = Field(default=0.5, gt=0)
     # A batch (priority low) prompt beside a watched stream: a step carries at most this
     # many of its tokens, or the learned chunk if larger (none beside another job's
     # prompt), so the streams someone watches keep their pace. With the batch alone on the

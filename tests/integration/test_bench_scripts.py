@@ -78,3 +78,8 @@ def test_batch_cancel_memory_prints_bytes_a_line() -> None:
     out = run("benchmarks/batch_cancel_memory.py", "200")
     assert re.search(r"^cancelled .*total=200\): swept in [\d.]+ s, Redis memory "
                      r"\+-?[\d.]+ MB, -?\d+ bytes a line$", out, re.M), out
+
+
+def test_prefill_burst_prints_both_arms() -> None:
+    out = run("benchmarks/prefill_burst.py", "--runs", "1", "--prompt-words", "150")
+    assert "burst_s 0.5: B's worst gap" in out and "whole prompt (old rule)" in out

@@ -77,6 +77,30 @@ def test_short_prompts_go_whole_and_long_ones_in_chunks(tmp_path: Path,
         eng.close()
 
 
+def test_a_long_prompt_beside_one_stream_is_not_one_step(tmp_path: Path,
+                                                         steps: list[list[int]]) -> None:
+    """Counted in jobs, one tenant's long prompt beside another tenant's single stream was
+    a burst (as many wait for a first token as decode): its whole prompt went into one
+    step, and the stream stood still for all of its prefill. Steps beside a watched stream
+    now stop at prefill_burst_s (UNMEASURED_BURST tokens before a prompt token's cost is
+    measured)."""
+    eng, col = start_engine(tmp_path, n_parallel=2)
+    try:
+        eng.submit(request("stream", PROMPTS[0], max_tokens=2000))  # slot 0
+        with col.cond:
+            assert col.cond.wait_for(lambda: len(col.ids.get("stream", [])) > 2, 60)
+        beside = len(steps)
+        eng.submit(request("long", " ".join(PROMPTS) * 10, max_tokens=2))  # slot 1
+        col.wait(["long"])
+    finally:
+        eng.cancel("stream")
+        col.wait(["stream"])
+        eng.close()
+    chunks = [n for s in steps[beside:] if (n := s.count(1)) > 1]
+    assert len(chunks) > 1 and sum(chunks) > 400, chunks  # the prompt, in several steps
+    assert all(0 in s for s in steps[beside:] if s.count(1) > 1)  # the stream in each
+
+
 def test_batch_prompts_go_in_bounded_chunks_only_beside_other_jobs(
         tmp_path: Path, steps: list[list[int]]) -> None:
     """A low-priority (background) prompt goes into one step whole while nothing but

@@ -30,8 +30,11 @@ def test_whole_prompts_while_as_many_wait_for_a_first_token_as_decode() -> None:
     b = PrefillBudget(slots=8, n_batch=512, itl_ratio=1.5, min_chunk=8)
     run(b, decoding=7, steps=30)
     assert b.tokens(0, prefilling=1) == 512
-    assert b.tokens(2, prefilling=6) == 510  # a burst of arrivals beside two streams
-    assert b.tokens(4, prefilling=4) == 508
+    # a burst of arrivals beside two streams: whole prompts, but no step past burst_s
+    burst = b.tokens(2, prefilling=6)
+    assert 100 < burst < 510 and step_time(2, burst) <= b.burst_s
+    assert b.tokens(2, prefilling=6, watched=False) == 510  # beside batch streams only
+    assert b.tokens(4, prefilling=4, watched=False) == 508
     assert b.tokens(5, prefilling=3) < 100  # the streams are the majority: chunked
 
 
@@ -84,9 +87,30 @@ def test_a_step_plan_gives_every_decoder_its_token_and_bursts_their_whole_prompt
     b = PrefillBudget(slots=8, n_batch=512, itl_ratio=1.5, min_chunk=8, background_tokens=64)
     decoding = [Want(1, prefilling=False)] * 2
     burst = [Want(100, prefilling=True, whole=True)] * 3  # as many wait as decode: whole
-    assert b.split(decoding + burst) == [1, 1, 100, 100, 100]
+    # the costs not measured yet: UNMEASURED_BURST (128) tokens, the first prompt whole
+    assert b.split(decoding + burst) == [1, 1, 100, 28, 0]
     long = [Want(300, prefilling=True)]  # the streams are the majority: a chunk
     assert b.split(decoding * 3 + long) == [1] * 6 + [8]
+    batch_decoding = [Want(1, prefilling=False, background=True)] * 2
+    assert b.split(batch_decoding + burst) == [0, 0, 100, 100, 100]  # nobody watches them
+    roomy = PrefillBudget(slots=8, n_batch=512, itl_ratio=1.5, min_chunk=8, burst_s=5.0)
+    roomy.observe(2, 0, step_time(2, 0))
+    roomy.observe(2, 200, step_time(2, 200))  # measured: all three fit in 5 s
+    assert roomy.split(decoding + burst) == [1, 1, 100, 100, 100]
+
+
+def test_one_long_prompt_beside_one_watched_stream_keeps_the_step_within_burst_s() -> None:
+    """Counted in jobs, one tenant's long prompt beside another tenant's one stream was a
+    burst: the step took the whole prompt, and the stream stood still for all of its
+    prefill (1,900 tokens: 29 s on a loaded 2-core VM)."""
+    b = PrefillBudget(slots=8, n_batch=2048, itl_ratio=1.6, min_chunk=4)
+    run(b, decoding=1, steps=30)
+    stream, prompt = [Want(1, prefilling=False)], [Want(1900, prefilling=True)]
+    took = b.split(stream + prompt)
+    assert took[0] == 1 and 100 < took[1] < 1900
+    assert step_time(1, took[1]) <= b.burst_s
+    assert b.split(prompt) == [1900]  # nothing decoding: the whole prompt
+    assert b.split([Want(1, prefilling=False, background=True), *prompt]) == [1, 1900]
 
 
 def test_batch_prompts_fill_the_step_alone_and_go_in_bounded_chunks_beside_others() -> None:

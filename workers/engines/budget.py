@@ -14,7 +14,14 @@ settles on the largest chunk that keeps steps within `itl_ratio` (or on
 Who waits matters too. While at least as many jobs wait for their first token as
 are decoding (a burst of arrivals, or nothing decoding at all), a step takes
 whole prompts up to `n_batch`: many users' time to first token outweighs a few
-streams' smoothness, and big batches are the cheapest way through prompts. Batch
+streams' smoothness, and big batches are the cheapest way through prompts. But not past
+`burst_s` seconds a step while a stream someone watches decodes (from the measured cost
+of a prompt token): counted in jobs, one tenant's single long prompt beside another's
+single stream was such a burst, and a 1,900-token prompt stood that stream still for its
+whole prefill (29 s on a loaded 2-core VM). On a CPU a prompt token costs about the same
+however many share a step, so steps of `burst_s` cost the burst's prompts little more
+than one pass per step. The same bound holds for short prompts that go in whole (beyond
+the first of them). Batch
 (background) jobs do not count as waiting: nobody watches their first token, and a
 step must not grow long on their prompts beside streams someone watches. Their prompts
 go in bounded chunks there, and not at all while another job's prompt is in; with the
@@ -35,6 +42,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 ALPHA = 0.5  # how far the chunk moves towards each new estimate
+# A burst step beside a watched stream before a prompt token's cost is measured (about a
+# second on a slow 2-core VM); a prompt token's cost is measured only on steps with at
+# least PER_TOKEN_MIN of them, where a pass's own cost does not dominate.
+UNMEASURED_BURST, PER_TOKEN_MIN = 128, 32
 STALL = 10.0  # a step this many times slower than expected is a stall (frozen VM), not data
 
 
@@ -50,8 +61,10 @@ class Want:
 
 class PrefillBudget:
     def __init__(self, slots: int, n_batch: int, itl_ratio: float, min_chunk: int,
-                 background_tokens: int = 0):
+                 background_tokens: int = 0, burst_s: float = 0.5):
         self.n_batch = n_batch
+        self.burst_s = burst_s
+        self._per_token: float | None = None  # a prompt token's cost in a step, measured
         # Batch prompt tokens one step may carry at most (beyond the learned chunk).
         self.background_tokens = background_tokens
         self.itl_ratio = itl_ratio
@@ -60,13 +73,25 @@ class PrefillBudget:
         self._benched = False  # the last step left the batch jobs' decoding rows out
         self._t_decode: list[float | None] = [None] * (slots + 1)  # by decoding streams
 
-    def tokens(self, decoding: int, prefilling: int) -> int:
+    def tokens(self, decoding: int, prefilling: int, watched: bool = True) -> int:
         """Prompt tokens the next step may carry beside `decoding` decoding streams while
-        `prefilling` jobs wait for their first token."""
+        `prefilling` jobs wait for their first token (`watched`: some of the streams are
+        not batch jobs')."""
         room = max(0, self.n_batch - decoding)
         if prefilling and prefilling >= decoding:
-            return room
+            return min(room, self.burst_tokens(decoding, watched))
         return min(room, self.chunk_tokens())
+
+    def burst_tokens(self, decoding: int, watched: bool = True) -> int:
+        """Prompt tokens that keep a step beside `decoding` streams within `burst_s`
+        (UNMEASURED_BURST while the costs are not measured yet); with none of them watched
+        (`watched`: some are not batch jobs'), the whole batch."""
+        if decoding == 0 or not watched:
+            return self.n_batch
+        td = self.decode_time(decoding)
+        if td is None or self._per_token is None:
+            return max(self.chunk_tokens(), UNMEASURED_BURST)
+        return max(self.chunk_tokens(), int((self.burst_s - td) / self._per_token))
 
     def chunk_tokens(self) -> int:
         """A prompt chunk that keeps a step within `itl_ratio` of a decode-only one."""
@@ -83,9 +108,12 @@ class PrefillBudget:
         self._benched = any(benched)
         decoding = sum(1 for w in wants if not w.prefilling)
         waiting = sum(1 for w in wants if w.prefilling and not w.background)
-        wholes = sum(w.tokens for w in wants if w.prefilling and w.whole)
+        wholes = [w.tokens for w in wants if w.prefilling and w.whole]
         room = max(0, self.n_batch - decoding)
-        prompts = max(min(wholes, room), self.tokens(decoding, waiting))
+        # Beside streams someone watches, whole prompts beyond the first within burst_s.
+        streams = any(not w.prefilling and not w.background for w in wants)
+        cap = max(self.burst_tokens(decoding, streams), wholes[0] if wholes else 0)
+        prompts = max(min(sum(wholes), room, cap), self.tokens(decoding, waiting, streams))
         # Batch prompts: none while another prompt is being prefilled (an interactive
         # one's first token comes first); a bounded chunk beside streams someone watches;
         # with the batch alone on the engine, as many as the step holds (as llama-server
@@ -134,6 +162,9 @@ class PrefillBudget:
         if td is None or prompt_tokens < self.chunk / 2:
             return  # a prompt's short tail says little about what a full chunk costs
         excess = max(seconds / td - 1.0, 0.02)
+        if prompt_tokens >= PER_TOKEN_MIN:
+            per, old = excess * td / prompt_tokens, self._per_token
+            self._per_token = per if old is None else old + ALPHA * (per - old)
         want = prompt_tokens * (self.itl_ratio - 1.0) / excess
         want = min(want, 1.25 * self.chunk)  # grow gently: an overshoot is a slow step
         self.chunk = max(float(self.min_chunk),

@@ -93,7 +93,8 @@ class LlamaCppEngine:
         self._active: dict[int, Seq] = {}
         self._last_group: int | None = None
         self.budget = PrefillBudget(self.slots, cfg.n_batch, cfg.prefill_itl_ratio,
-                                    cfg.prefill_min_chunk, cfg.batch_prefill_tokens)
+                                    cfg.prefill_min_chunk, cfg.batch_prefill_tokens,
+                                    cfg.prefill_burst_s)
         self.prompt_tokens_total = 0
         self.prefix_reused_tokens = 0
         self.stopped_steps = 0  # steps stopped under way for an interactive job
