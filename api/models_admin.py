@@ -211,6 +211,7 @@ async def patch(state: AppState, name: str, changes: dict[str, Any]) -> dict[str
     cur = await get_entry(state.redis, name)
     if cur is None or cur.phase == "retired":
         raise NotFound(f"no model {name!r} in the catalogue", param="name")
+    _check_managed(cur)
     if "name" in changes and changes["name"] != name:
         raise InvalidRequest("a model cannot be renamed; deploy it under the new name",
                              param="name", code="invalid_model_spec")
@@ -222,6 +223,7 @@ async def patch(state: AppState, name: str, changes: dict[str, Any]) -> dict[str
     def change(e: CatalogueEntry | None) -> CatalogueEntry:
         if e is None or e.phase == "retired":
             raise NotFound(f"no model {name!r} in the catalogue", param="name")
+        _check_managed(e)
         return CatalogueEntry(name=name, spec=cfg, request=merged, origin="api",
                               version=e.version + 1, created_at=e.created_at,
                               keep_alive_s=opts["keep_alive_s"],
@@ -232,6 +234,17 @@ async def patch(state: AppState, name: str, changes: dict[str, Any]) -> dict[str
     assert entry is not None
     await refresh(state, force=True)
     return await show(state, entry, admin=True)
+
+
+def _check_managed(e: CatalogueEntry) -> None:
+    """A seeded model is the models file's: its workers read their config from there, not
+    from the catalogue, so a new version would change what the API promises (its context,
+    its defaults) and not what they run."""
+    if e.origin == "seed":
+        raise Conflict(f"model {e.name!r} is served from the models file (the bundled "
+                       "defaults or TOKENQ_MODELS_FILE), which its workers read: change it "
+                       "there and restart, or deploy the new version under another name",
+                       param="name", code="model_not_managed")
 
 
 def _foreign(field: str, req: dict[str, Any]) -> bool:

@@ -118,6 +118,10 @@ def test_refusals_write_nothing(c: TestClient, r: redis.Redis, tmp_path: Path) -
     malformed = c.post("/v1/models", headers={**ADMIN, "Content-Type": "application/json"},
                        content=b"{not json")
     assert malformed.status_code == 400
+    # a seeded model is the models file's: its workers would not follow a new version
+    seed_patch = c.patch(f"/v1/models/{BASE}", headers=ADMIN, json={"n_parallel": 2})
+    assert seed_patch.status_code == 409, seed_patch.text
+    assert seed_patch.json()["error"]["code"] == "model_not_managed"
     assert r.hgetall(CATALOGUE) == before
     # the weights only on the workers' filesystem: accepted when the request says so
     ok = c.post("/v1/models", headers=ADMIN, json={
