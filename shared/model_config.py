@@ -82,7 +82,8 @@ class ModelConfig(BaseModel):
     # (up to n_batch), but beside a stream someone watches a step carries no more of them
     # than keep it within this many seconds (by the measured cost of a prompt token), so
     # one tenant's long prompt cannot stand another's stream still for its whole prefill.
-    prefill_burst_s: float = Field(default=0.5, gt=0)
+    # None: no bound (whole prompts up to n_batch, as before).
+    prefill_burst_s: float | None = Field(default=0.5, gt=0)
     # A batch (priority low) prompt beside a watched stream: a step carries at most this
     # many of its tokens, or the learned chunk if larger (none beside another job's
     # prompt), so the streams someone watches keep their pace. With the batch alone on the

@@ -61,7 +61,7 @@ class Want:
 
 class PrefillBudget:
     def __init__(self, slots: int, n_batch: int, itl_ratio: float, min_chunk: int,
-                 background_tokens: int = 0, burst_s: float = 0.5):
+                 background_tokens: int = 0, burst_s: float | None = 0.5):
         self.n_batch = n_batch
         self.burst_s = burst_s
         self._per_token: float | None = None  # a prompt token's cost in a step, measured
@@ -85,8 +85,8 @@ class PrefillBudget:
     def burst_tokens(self, decoding: int, watched: bool = True) -> int:
         """Prompt tokens that keep a step beside `decoding` streams within `burst_s`
         (UNMEASURED_BURST while the costs are not measured yet); with none of them watched
-        (`watched`: some are not batch jobs'), the whole batch."""
-        if decoding == 0 or not watched:
+        (`watched`: some are not batch jobs'), or without `burst_s`, the whole batch."""
+        if decoding == 0 or not watched or self.burst_s is None:
             return self.n_batch
         td = self.decode_time(decoding)
         if td is None or self._per_token is None:
@@ -152,6 +152,13 @@ class PrefillBudget:
         if decoding == 0 or seconds <= 0:
             return
         td = self.decode_time(decoding)
+        if td is not None and prompt_tokens >= PER_TOKEN_MIN and seconds > td:
+            # before the stall check below: a burst step is many decode steps long
+            per, old = (seconds - td) / prompt_tokens, self._per_token
+            if old is None:
+                self._per_token = per
+            elif per < STALL * old:  # (a frozen VM, not the engine)
+                self._per_token = old + ALPHA * (per - old)
         if td is not None and seconds > STALL * td * (self.itl_ratio if prompt_tokens else 1):
             return
         if prompt_tokens == 0:
@@ -162,9 +169,6 @@ class PrefillBudget:
         if td is None or prompt_tokens < self.chunk / 2:
             return  # a prompt's short tail says little about what a full chunk costs
         excess = max(seconds / td - 1.0, 0.02)
-        if prompt_tokens >= PER_TOKEN_MIN:
-            per, old = excess * td / prompt_tokens, self._per_token
-            self._per_token = per if old is None else old + ALPHA * (per - old)
         want = prompt_tokens * (self.itl_ratio - 1.0) / excess
         want = min(want, 1.25 * self.chunk)  # grow gently: an overshoot is a slow step
         self.chunk = max(float(self.min_chunk),
