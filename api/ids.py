@@ -10,11 +10,13 @@ import re
 from tokenq.api.errors import NotFound
 
 # job_<hex> (a batch line's: job_<batch hex>_<line>), file-<hex> (a batch's output and
-# error files: file-<batch hex>o / e), batch_<hex>
+# error files: file-<batch hex>o / e), batch_<hex>. Checked for the characters, not the
+# exact form: the point is that no `:` (a key name's separator) nor anything else reaches
+# the key name.
 SHAPES = {
-    "job": re.compile(r"job_[0-9a-f]{32}(?:_[0-9]{1,9})?"),
-    "file": re.compile(r"file-[0-9a-f]{32}[oe]?"),
-    "batch": re.compile(r"batch_[0-9a-f]{32}"),
+    "job": re.compile(r"job_[A-Za-z0-9_-]{1,80}"),
+    "file": re.compile(r"file-[A-Za-z0-9_-]{1,80}"),
+    "batch": re.compile(r"batch_[A-Za-z0-9_-]{1,80}"),
 }
 
 
