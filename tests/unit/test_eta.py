@@ -19,7 +19,7 @@ from tokenq.shared.store import JobStore, fair_share
 
 def submit(s: JobStore, tenant: str, *, weight: float = 1.0, est: int = 100,
            queue: str = Q) -> tuple[str, Created]:
-    job_id = f"{tenant}-{s.r.incr(f'test:seq:{tenant}') - 1}"
+    job_id = f"job_{tenant}-{s.r.incr(f'test:seq:{tenant}') - 1}"  # the API's id shape
     fields = {"id": job_id, "owner": tenant, "model": "m", "state": "queued",
               "attempts": "0", "created_at": repr(time.time()), "spec": SPEC,
               "request": "{}", "weight": repr(weight), "est_tokens": str(est),
