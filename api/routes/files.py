@@ -20,9 +20,8 @@ async def create_file(request: Request, state: StateDep, tenant: TenantDep,
                       purpose: Annotated[str, Form()]) -> dict[str, Any]:
     form = await request.form()  # parsed already, for the parameters: read, not parsed again
     for name in ("file", "purpose"):
-        if len(form.getlist(name)) > 1:  # which one is meant? not the last, silently
-            raise InvalidRequest(f"send one {name!r} part, not {len(form.getlist(name))}",
-                                 param=name)
+        if (n := len(form.getlist(name))) > 1:  # which one is meant? not the last, silently
+            raise InvalidRequest(f"send one {name!r} part, not {n}", param=name)
     return await files.create(state, tenant, file, purpose)
 
 
