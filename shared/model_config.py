@@ -18,6 +18,12 @@ POOL_SEP = "@"
 # The least context (tokens) one job of a model may have: n_ctx // n_parallel on llama.cpp,
 # max_model_len on vLLM.
 MIN_CTX = 16
+# The most tokens any size may name (a context, a batch, a default max_tokens): llama.cpp
+# and vLLM keep them in 32-bit integers, where a value past this wraps or is a typo, and
+# a context this long is gigabytes of KV cache a token. `{"n_ctx": 1e12}` was accepted.
+MAX_TOKENS = 1 << 24
+# The most of anything counted in ones (slots, threads, adapters, layers).
+MAX_COUNT = 1 << 16
 
 
 def split_pool(name: str) -> tuple[str, str | None]:
@@ -53,12 +59,14 @@ class ModelConfig(BaseModel):
     # n_parallel slots, so one job's context is n_ctx // n_parallel (at least MIN_CTX:
     # checked below). The sizes are bounded here, so a models file and a load request
     # (POST /v1/models) are refused alike, not served with a context no job fits.
-    n_ctx: int = Field(default=16384, ge=MIN_CTX)
-    n_parallel: int = Field(default=8, ge=1)
-    n_batch: int = Field(default=2048, ge=1)  # llama-server's -b: a burst of prompts in one step
-    n_ubatch: int = Field(default=512, ge=1)
-    n_threads: int | None = Field(default=None, ge=1)  # None: the cores this process may use
-    n_gpu_layers: int = Field(default=0, ge=-1)  # -1: all of them (llama.cpp's rule)
+    n_ctx: int = Field(default=16384, ge=MIN_CTX, le=MAX_TOKENS)
+    n_parallel: int = Field(default=8, ge=1, le=MAX_COUNT)
+    # llama-server's -b: a burst of prompts in one step
+    n_batch: int = Field(default=2048, ge=1, le=MAX_TOKENS)
+    n_ubatch: int = Field(default=512, ge=1, le=MAX_TOKENS)
+    # None: the cores this process may use
+    n_threads: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    n_gpu_layers: int = Field(default=0, ge=-1, le=MAX_COUNT)  # -1: all of them (llama.cpp's rule)
     # llama-server's -fa: None = auto (on where the backend has it for this model, as on
     # CPU; an 8-stream Gemma 3 270M step ~5% faster), True = on, False = off.
     flash_attn: bool | None = None
@@ -71,24 +79,24 @@ class ModelConfig(BaseModel):
     # it within prefill_itl_ratio x a decode-only step (measured online), and at least
     # prefill_min_chunk: a long prompt slows the running streams' inter-token latency by
     # at most about that ratio (workers/engines/budget.py).
-    prefill_itl_ratio: float = Field(default=1.6, ge=1.0)
-    prefill_min_chunk: int = Field(default=4, ge=1)
+    prefill_itl_ratio: float = Field(default=1.6, ge=1.0, le=1000.0)
+    prefill_min_chunk: int = Field(default=4, ge=1, le=MAX_TOKENS)
     # ... except a prompt (or what is left of one) of at most this many tokens, which goes
     # into the next step whole, as on llama-server: a chat turn's prompt chunked over a
     # dozen steps costs every stream a pass per step (SmolLM2 at c=8: 0.85x llama-server's
     # tokens chunked, 0.97-0.99x whole); long prompts stay chunked.
-    prefill_whole_tokens: int = Field(default=128, ge=0)
+    prefill_whole_tokens: int = Field(default=128, ge=0, le=MAX_TOKENS)
     # While as many jobs wait for a first token as streams decode, prompts go in whole
     # (up to n_batch), but beside a stream someone watches a step carries no more of them
     # than keep it within this many seconds (by the measured cost of a prompt token), so
     # one tenant's long prompt cannot stand another's stream still for its whole prefill.
     # None: no bound (whole prompts up to n_batch, as before).
-    prefill_burst_s: float | None = Field(default=0.5, gt=0)
+    prefill_burst_s: float | None = Field(default=0.5, gt=0, le=3600)
     # A batch (priority low) prompt beside a watched stream: a step carries at most this
     # many of its tokens, or the learned chunk if larger (none beside another job's
     # prompt), so the streams someone watches keep their pace. With the batch alone on the
     # engine its prompts fill the step (an interactive arrival stops such a step).
-    batch_prefill_tokens: int = Field(default=32, ge=1)
+    batch_prefill_tokens: int = Field(default=32, ge=1, le=MAX_TOKENS)
     # A free slot keeps its KV cells; a new job keeps the prefix its slot holds (and takes
     # another free slot than the lowest only for a much longer one: llamacpp_slots.py).
     prefix_cache: bool = True
@@ -97,17 +105,17 @@ class ModelConfig(BaseModel):
     # recently used out first; a later job with that prefix (a preempted batch job coming
     # back) gets them copied into its slot instead of prefilling them (llamacpp_ramcache.py).
     # 0: off.
-    prompt_cache_ram_mb: int = Field(default=512, ge=0)
+    prompt_cache_ram_mb: int = Field(default=512, ge=0, le=1 << 30)
     # After a step that carries some job's first token, wait up to this long for the
     # publisher to have it in Redis before the next step: on a host where the API and Redis
     # share the cores, the next llama_decode would otherwise delay that write by most of a
     # decode step. Costs the engine one Redis round trip per job.
-    first_token_flush_ms: float = Field(default=20.0, ge=0.0)
+    first_token_flush_ms: float = Field(default=20.0, ge=0.0, le=10_000.0)
     # vLLM (names as in vLLM)
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    max_model_len: int | None = Field(default=None, ge=MIN_CTX)
-    max_num_seqs: int = Field(default=16, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=MAX_COUNT)
+    max_model_len: int | None = Field(default=None, ge=MIN_CTX, le=MAX_TOKENS)
+    max_num_seqs: int = Field(default=16, ge=1, le=MAX_COUNT)
     quantization: str | None = None
     dtype: str = "auto"
     enable_prefix_caching: bool = True
@@ -135,15 +143,15 @@ class ModelConfig(BaseModel):
     # memory and some speed). max_loras: adapters in one batch; max_lora_rank: the largest
     # rank accepted; max_cpu_loras: adapters kept loaded (None: vLLM's default).
     enable_lora: bool = False
-    max_loras: int = Field(default=4, ge=1)
-    max_lora_rank: int = Field(default=16, ge=1)
-    max_cpu_loras: int | None = Field(default=None, ge=1)
+    max_loras: int = Field(default=4, ge=1, le=MAX_COUNT)
+    max_lora_rank: int = Field(default=16, ge=1, le=MAX_COUNT)
+    max_cpu_loras: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     # sampling defaults (the bounds a request's own values have: shared/schemas.JobRequest)
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
-    top_k: int = Field(default=40, ge=-1)  # 0 (or vLLM's -1): off
+    top_k: int = Field(default=40, ge=-1, le=MAX_TOKENS)  # 0 (or vLLM's -1): off
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    max_tokens: int = Field(default=256, ge=1)
+    max_tokens: int = Field(default=256, ge=1, le=MAX_TOKENS)
     repeat_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
     # Tool calling: how the model writes tool calls. `generic`: the tools and the reply
     # shape are described in a system message and decoding is constrained to
@@ -156,7 +164,7 @@ class ModelConfig(BaseModel):
     # Stop strings added to every request for this model (e.g. turn markers of a base model).
     stop: list[str] = Field(default_factory=list)
     # backend `fake`: tokens per second per job (every running job gets one per step).
-    fake_tokens_per_s: float = Field(default=50.0, gt=0.0)
+    fake_tokens_per_s: float = Field(default=50.0, gt=0.0, le=1e9)
     # Placement (docs/scheduling.md): a model served by several pools at once, each a
     # backend with its own knobs over this entry's, by pool name, e.g.
     # {"gpu": {"backend": "vllm"}, "cpu": {"backend": "llama", "path": "m.gguf"}}. Each job

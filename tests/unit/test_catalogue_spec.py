@@ -79,6 +79,15 @@ def test_a_load_request_maps_onto_model_config(tmp_path: Path) -> None:
     ({"name": "a", "model_path": "/x.gguf", "temperature": -0.5}, "temperature"),
     ({"name": "a", "model_path": "/x.gguf", "top_p": 0}, "top_p"),
     ({"name": "a", "backend": "fake", "fake_tokens_per_s": 0}, "fake_tokens_per_s"),
+    # ... and below the engines' 32-bit sizes: 1e12 was accepted (and wrapped in llama.cpp)
+    ({"name": "a", "model_path": "/x.gguf", "n_ctx": 1e12}, "n_ctx"),
+    ({"name": "a", "model_path": "/x.gguf", "n_ctx": 2**32 + 4096}, "n_ctx"),
+    ({"name": "a", "model_path": "/x.gguf", "n_parallel": 10**9}, "n_parallel"),
+    ({"name": "a", "model_path": "/x.gguf", "n_batch": 2**31}, "n_batch"),
+    ({"name": "a", "model_path": "/x.gguf", "max_tokens": 2**40}, "max_tokens"),
+    ({"name": "a", "model_path": "/x.gguf", "top_k": 2**31}, "top_k"),
+    ({"name": "a", "model_path": "/x", "backend": "vllm", "max_model_len": 10**12},
+     "max_model_len"),
 ])
 def test_bad_requests_are_refused_naming_the_field(body: dict[str, object],
                                                    param: str) -> None:
