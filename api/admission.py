@@ -145,6 +145,7 @@ class Prepared:
     pin: str | None = None
     budget_ms: int | None = None
     pool: str = ""
+    inputs: int = 0  # an embeddings request's texts
 
 
 async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
@@ -272,4 +273,4 @@ async def _prepare_embedding(state: AppState, tenant: str, req: JobRequest, base
               "priority": req.priority, "state": "queued", "attempts": "0",
               "request": dumps({"model": req.model, "input_count": len(req.input)}),
               "spec": spec.model_dump_json(), "prompt_tokens": str(n_prompt)}
-    return Prepared(base, req.priority, n_prompt, fields, 0)
+    return Prepared(base, req.priority, n_prompt, fields, 0, inputs=len(req.input))

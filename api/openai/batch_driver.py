@@ -45,6 +45,7 @@ from tokenq.api.openai.batch_lines import (
 from tokenq.api.openai.batch_lines import line_job_id as line_job_id  # (tokenq bench scale)
 from tokenq.api.openai.batch_store import BatchStore
 from tokenq.api.openai.batch_validate import gone_error, validate
+from tokenq.api.openai.embeddings import check_dimensions
 from tokenq.shared import aio, keys
 from tokenq.shared.jobs import Created, NewJob, NewRejection, QueueFull, TenantFull, dumps
 from tokenq.shared.schemas import JobErrorInfo
@@ -225,11 +226,15 @@ class BatchDriver:
         the batch owner's share (waiting for it: the driver is not refused)."""
         try:
             if len(raw) <= INLINE_LINE_BYTES:
-                custom_id, job = parse_line(h["endpoint"], raw)
+                line = parse_line(h["endpoint"], raw)
             else:
-                custom_id, job = await self.state.counter.pool.run(
+                line = await self.state.counter.pool.run(
                     h["owner"], parse_line, h["endpoint"], raw)
-            return custom_id, await admission.prepare(self.state, h["owner"], job)
+            if line.dimensions is not None:
+                await check_dimensions(self.state, line.job.model, line.dimensions)
+            p = await admission.prepare(self.state, h["owner"], line.job)
+            p.fields.update(line.fields)
+            return line.custom_id, p
         except ValidationError as exc:
             e = exc.errors()[0]
             param = ".".join(str(p) for p in e.get("loc", ()))

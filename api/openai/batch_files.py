@@ -19,9 +19,10 @@ from redis.exceptions import WatchError
 
 from tokenq.api.cpu import PATIENT
 from tokenq.api.deps import AppState
+from tokenq.api.openai import embeddings
 from tokenq.api.openai.batch_lines import line_job_id
 from tokenq.api.openai.batch_store import BatchStore
-from tokenq.api.openai.protocol import final_response
+from tokenq.api.openai.protocol import EmbeddingsEndpoint, final_response
 from tokenq.api.openai.tools import Plan, from_compact
 from tokenq.shared import keys
 from tokenq.shared.jobs import dumps
@@ -68,15 +69,16 @@ def ended_unrun(status: str, *, started: bool) -> dict[str, str]:
             + ("" if started else " before it ran")}
 
 
-def output_line(endpoint: str, rec: JobRecord, custom_id: str, plan: Plan | None = None
-                ) -> dict[str, Any]:
+def output_line(endpoint: str, rec: JobRecord, custom_id: str, plan: Plan | None = None,
+                encoding: str = "float") -> dict[str, Any]:
     """One line of an output or error file, in OpenAI's batch output format (`plan`: the
-    line's tool handling, which its record keeps)."""
+    line's tool handling, which its record keeps; `encoding`: an embeddings line's)."""
     line: dict[str, Any] = {"id": "batch_req_" + rec.id.removeprefix("job_"),
                             "custom_id": custom_id, "response": None, "error": None}
     if rec.status == "succeeded":
-        line["response"] = {"status_code": 200, "request_id": rec.id,
-                            "body": final_response(endpoint, rec, None, plan)}
+        line["response"] = {"status_code": 200, "request_id": rec.id, "body": (
+            embeddings.response_body(rec, rec.adapter or rec.model, encoding)
+            if endpoint == EmbeddingsEndpoint else final_response(endpoint, rec, None, plan))}
     elif rec.status in ("cancelled", "expired"):
         line["error"] = ended_unrun(rec.status, started=rec.started_at is not None)
     else:
@@ -96,7 +98,7 @@ def output_line(endpoint: str, rec: JobRecord, custom_id: str, plan: Plan | None
 # prompt (twice) and the tools; `tool_plan` is what reading the calls back needs of them.
 LINE_FIELDS = ("id", "model", "state", "attempts", "created_at", "started_at", "output",
                "finish_reason", "usage", "error", "adapter", "tool_format", "tool_plan",
-               "custom_id")
+               "custom_id", "encoding")
 # A chunk whose records are larger than this is rendered on the CPU pool, in the batch
 # owner's share: reading tool calls back out of 256 long outputs is Python work by the
 # character, which on the event loop would stall every stream of the replica.
@@ -155,7 +157,8 @@ def _lines(h: dict[str, str], ids: list[str], recs: list[dict[str, str] | None])
         elif rec_h := next(found):
             rec = JobRecord.from_hash({"request": "{}", **rec_h})
             line = output_line(h["endpoint"], rec, rec_h.get("custom_id", ""),
-                               from_compact(rec_h.get("tool_plan")))
+                               from_compact(rec_h.get("tool_plan")),
+                               rec_h.get("encoding", "float"))
             lines.append(dumps(line) + "\n")
     return "".join(lines).encode()
 

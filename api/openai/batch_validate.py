@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import WatchError
 
-from tokenq.api.openai.batch_lines import LineError, Source, too_long
+from tokenq.api.openai.batch_lines import MAX_BATCH_INPUTS, LineError, Source, too_long
 from tokenq.shared import keys
 from tokenq.shared.jobs import dumps
 
@@ -37,7 +37,7 @@ async def validate(driver: BatchDriver, h: dict[str, str]) -> str:
     """Check every line; either the batch goes in_progress with its total, or failed."""
     s, batch_id = driver.state.settings, h["id"]
     errors: list[dict[str, Any]] = []
-    total = bad = 0
+    total = bad = inputs = 0
     seen = keys.batch_ids(batch_id)
     await driver.r.delete(seen)
     source = Source()
@@ -51,7 +51,13 @@ async def validate(driver: BatchDriver, h: dict[str, str]) -> str:
         try:
             if line.too_long:
                 raise too_long(s.api.max_batch_line_bytes)
-            custom_id, _ = await driver.check_line(h, line.data)
+            custom_id, p = await driver.check_line(h, line.data)
+            inputs += p.inputs
+            if inputs > MAX_BATCH_INPUTS:
+                errors.append({"code": "too_many_inputs", "line": n, "param": "body.input",
+                               "message": f"a batch holds at most {MAX_BATCH_INPUTS} "
+                                          "embedding inputs, all lines together"})
+                break
             if not await driver.r.sadd(seen, custom_id):
                 raise LineError("duplicate_custom_id",
                                 f"custom_id {custom_id!r} appears more than once",

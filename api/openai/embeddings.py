@@ -2,7 +2,8 @@
 
 The job's result is one base64 float32 vector per input (L2-normalised by the worker);
 `encoding_format: float` decodes them here. Unknown fields are ignored with a warning
-in the log, as on chat/completions.
+in the log, as on chat/completions. Batch API lines take the same body
+(api/openai/batch_lines.py); their output lines' bodies are `response_body`'s.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from tokenq.api.deps import AppState
 from tokenq.api.errors import InvalidRequest
 from tokenq.api.openai import serving
 from tokenq.shared.request_model import RequestModel
-from tokenq.shared.schemas import MAX_EMBED_INPUTS, JobRequest, Priority, no_empty_texts
+from tokenq.shared.schemas import (
+    MAX_EMBED_INPUTS,
+    JobRecord,
+    JobRequest,
+    Priority,
+    no_empty_texts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,36 +68,41 @@ class EmbeddingRequest(RequestModel):
 async def create(state: AppState, tenant: str, body: EmbeddingRequest,
                  request: Request) -> JSONResponse:
     if body.dimensions is not None:
-        await _check_dimensions(state, body)
+        await check_dimensions(state, body.model, body.dimensions)
     job = JobRequest(model=body.model, input=body.texts(), priority=body.priority or "normal")
     accepted = await service.submit(state, tenant, job,
                                     extra={"endpoint": "/v1/embeddings"})
     ((rec, _),) = await serving.await_all(state, tenant, [accepted.id], request, False)
     rec = serving.raise_for_state(rec)
+    return JSONResponse(response_body(rec, body.model, body.encoding_format),
+                        headers={"X-Tokenq-Job-Id": rec.id})
+
+
+def response_body(rec: JobRecord, model: str, encoding: str) -> dict[str, Any]:
+    """A succeeded job's response (a batch output line's body too): its vectors as floats,
+    or as the base64 the record keeps."""
     vectors = json.loads(rec.output or "[]")
     data = [{"object": "embedding", "index": i,
-             "embedding": v if body.encoding_format == "base64"
+             "embedding": v if encoding == "base64"
              else np.frombuffer(base64.b64decode(v), dtype=np.float32).tolist()}
             for i, v in enumerate(vectors)]
     n = rec.usage.prompt_tokens if rec.usage else 0
-    return JSONResponse(
-        {"id": "embd-" + rec.id.removeprefix("job_"), "object": "list",
-         "created": int(rec.created_at), "model": body.model, "data": data,
-         "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0}},
-        headers={"X-Tokenq-Job-Id": rec.id})
+    return {"id": "embd-" + rec.id.removeprefix("job_"), "object": "list",
+            "created": int(rec.created_at), "model": model, "data": data,
+            "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0}}
 
 
-async def _check_dimensions(state: AppState, body: EmbeddingRequest) -> None:
+async def check_dimensions(state: AppState, model: str, dimensions: int | None) -> None:
     """No Matryoshka model is served: only the model's own size is accepted (vLLM answers
     a 400 the same way for a model that does not support matryoshka dimensions)."""
-    cfg = state.models.get(body.model)
+    cfg = state.models.get(model)
     vocab: Any = None
     if cfg is not None and cfg.embedding:
         try:
-            vocab = await state.counter.exact(body.model, cfg)
+            vocab = await state.counter.exact(model, cfg)
         except LookupError:
             vocab = None
     size = getattr(vocab, "n_embd", None)
-    if size != body.dimensions:
+    if size != dimensions:
         raise InvalidRequest(f"dimensions: this model makes vectors of {size} dimensions and "
                              "does not support others", param="dimensions")

@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 
 ChatEndpoint = "/v1/chat/completions"
 CompletionEndpoint = "/v1/completions"
-ENDPOINTS = (ChatEndpoint, CompletionEndpoint)
+EmbeddingsEndpoint = "/v1/embeddings"  # batch lines only: the route is api/openai/embeddings.py
+ENDPOINTS = (ChatEndpoint, CompletionEndpoint, EmbeddingsEndpoint)
 MAX_N = 8
 # Optional flags OpenAI types boolean-or-null: an explicit null (the SDK sends
 # `"stream": null` as given) is the default, as vLLM reads it; the value stays a bool.

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import openai
 import pytest
 import redis
 
-from tests.conftest import MAX_BATCH_LINES, NO_WORKER_MODEL, SMOL
+from tests.conftest import EMBED, MAX_BATCH_LINES, NO_WORKER_MODEL, SMOL
 from tokenq.cli.stack import Stack
 from tokenq.shared import keys
 
@@ -231,3 +233,59 @@ def test_tool_calls_in_batch_lines(oai: openai.OpenAI) -> None:
         if call["function"]["name"] == "get_weather":
             assert set(json.loads(call["function"]["arguments"])) == {"city"}
     assert out["plain"]["message"]["content"] and "tool_calls" not in out["plain"]["message"]
+
+
+def embed_line(custom_id: str, **body: Any) -> dict[str, Any]:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings",
+            "body": {"model": EMBED, **body}}
+
+
+def test_embeddings_in_batch_lines(oai: openai.OpenAI) -> None:
+    """As on OpenAI: a batch of /v1/embeddings lines, each output line's body what the
+    route answers for the same input, as floats or as base64."""
+    texts = ["The customer was charged twice for one order.", "The refund was issued."]
+    lines = [embed_line("floats", input=texts),
+             embed_line("b64", input=texts[1], encoding_format="base64", user="agent-7"),
+             embed_line("dims", input=texts[0], dimensions=384)]
+    f = oai.files.create(file=("e.jsonl", jsonl(lines)), purpose="batch")
+    b = oai.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
+                           completion_window="24h")
+    done = wait_status(oai, b.id, {"completed"})
+    assert done.output_file_id and done.error_file_id is None
+    assert done.request_counts is not None and done.request_counts.completed == 3
+    out = {x["custom_id"]: x["response"] for x in read_lines(oai, done.output_file_id)}
+    direct = np.array([d.embedding for d in oai.embeddings.create(model=EMBED,
+                                                                   input=texts).data])
+    body = out["floats"]["body"]
+    assert out["floats"]["status_code"] == 200 and body["object"] == "list"
+    assert body["model"] == EMBED and body["usage"]["prompt_tokens"] > 10
+    got = np.array([d["embedding"] for d in body["data"]])
+    assert [d["index"] for d in body["data"]] == [0, 1] and got.shape == (2, 384)
+    assert np.allclose(got, direct, atol=1e-4)
+    (one,) = out["b64"]["body"]["data"]
+    vec = np.frombuffer(base64.b64decode(one["embedding"]), dtype=np.float32)
+    assert np.allclose(vec, direct[1], atol=1e-4)
+    assert np.allclose(out["dims"]["body"]["data"][0]["embedding"], direct[0], atol=1e-4)
+
+
+def test_embeddings_lines_are_checked(oai: openai.OpenAI) -> None:
+    """A chat model, a size the model does not make, a chat body: each its line's error;
+    and the inputs of all lines together are bounded (OpenAI's 50,000)."""
+    bad = [embed_line("chat-model", model=SMOL, input="hi"),
+           embed_line("dims", input="hi", dimensions=64),
+           embed_line("no-input", messages=[{"role": "user", "content": "hi"}]),
+           embed_line("ok", input="hi")]
+    f = oai.files.create(file=("bad.jsonl", jsonl(bad)), purpose="batch")
+    b = oai.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
+                           completion_window="24h")
+    failed = wait_status(oai, b.id, {"failed"}, timeout=120)
+    assert failed.errors is not None and failed.errors.data is not None
+    assert {e.line: e.param for e in failed.errors.data} == {
+        1: "body.model", 2: "body.dimensions", 3: "body.input"}, failed.errors.data
+    many = [embed_line(f"l{i}", input=["a"] * 2048) for i in range(25)]  # 51,200 inputs
+    f = oai.files.create(file=("many.jsonl", jsonl(many)), purpose="batch")
+    b = oai.batches.create(input_file_id=f.id, endpoint="/v1/embeddings",
+                           completion_window="24h")
+    failed = wait_status(oai, b.id, {"failed"}, timeout=300)
+    assert failed.errors is not None and failed.errors.data is not None
+    assert [(e.code, e.line) for e in failed.errors.data] == [("too_many_inputs", 25)]
