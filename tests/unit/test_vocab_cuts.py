@@ -38,7 +38,8 @@ def _whole(v: Vocab, text: str) -> list[int]:
 
 
 def _small_cuts(v: Vocab, chunk: int) -> Cuts:
-    big = v.cuts()
+    big = v.cuts
+    assert big is not None
     small = Cuts([], [], chunk)
     small.danger, small.any_lstrip, small._find = big.danger, big.any_lstrip, big._find
     return small
@@ -56,15 +57,16 @@ def _chat(v: Vocab, n: int, seed: int) -> str:
 def _hostile(v: Vocab, seed: int) -> str:
     """Special texts, their halves and blanks run together: overlaps at every cut."""
     rng = random.Random(seed)
-    marks = [*v.cuts().danger, "<unused0>", "<|endoftext|>", "<end_of_turn>"]
+    assert v.cuts is not None
+    marks = [*v.cuts.danger, "<unused0>", "<|endoftext|>", "<end_of_turn>"]
     parts = [*marks, *(m[: len(m) // 2] for m in marks), *(m[len(m) // 2:] for m in marks),
              "\n", "\n\n", " ", "  ", "a", "b c", "<", ">", "|"]
     return "".join(rng.choice(parts) for _ in range(rng.randint(50, 400)))
 
 
 def test_a_chat_has_cut_points(vocab: Vocab) -> None:
-    assert vocab._cuttable
-    assert vocab.cuts().danger, "the template's markers are where a chat text is cut"
+    assert vocab.cuts is not None
+    assert vocab.cuts.danger, "the template's markers are where a chat text is cut"
 
 
 @pytest.mark.parametrize("seed", range(40))
