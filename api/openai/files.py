@@ -74,6 +74,8 @@ async def create(state: AppState, tenant: str, upload: UploadFile, purpose: str)
     limit = s.api.max_file_bytes
     if upload.size is not None and upload.size > limit:
         raise PayloadTooLarge(f"file is larger than {limit} bytes", param="file")
+    if upload.size == 0:
+        raise _empty()
     file_id = "file-" + uuid.uuid4().hex
     path = store.path(file_id)
     quota = tenant_quota(s.api.tenant_max_file_bytes, s.api.tenant_max_redis_file_bytes,
@@ -95,6 +97,8 @@ async def create(state: AppState, tenant: str, upload: UploadFile, purpose: str)
                 await store.append(file_id, piece)
             else:
                 await asyncio.to_thread(_append, path, piece)
+        if size == 0:
+            raise _empty()
         now = time.time()
         h = {"id": file_id, "owner": tenant, "purpose": purpose, "bytes": str(size),
              "filename": upload.filename or "upload.jsonl", "created_at": repr(now),
@@ -106,6 +110,11 @@ async def create(state: AppState, tenant: str, upload: UploadFile, purpose: str)
         raise
     await durable.confirm(state, f"file {file_id}", lambda: delete(state, tenant, file_id))
     return file_object(h)
+
+
+def _empty() -> InvalidRequest:
+    # OpenAI's answer; before, an empty upload was stored and its batch failed `empty_file`
+    return InvalidRequest("File is empty.", param="file")
 
 
 def _check(got: int | Refused, quota: int) -> None:

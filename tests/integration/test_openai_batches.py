@@ -62,6 +62,10 @@ def test_file_roundtrip_and_delete(oai: openai.OpenAI) -> None:
     assert oai.files.delete(f.id).deleted
     with pytest.raises(openai.NotFoundError):
         oai.files.retrieve(f.id)
+    with pytest.raises(openai.BadRequestError) as info:  # as OpenAI answers it
+        oai.files.create(file=("empty.jsonl", b""), purpose="batch")
+    assert info.value.body["param"] == "file"  # type: ignore[index]
+    assert "empty" in info.value.body["message"]  # type: ignore[index]
 
 
 def test_batch_runs_to_completed_with_every_custom_id(oai: openai.OpenAI) -> None:
