@@ -7,10 +7,10 @@ nothing written; what passes is a `Prepared` job, its record's fields ready
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from tokenq.api import lora_admin, placement
@@ -27,7 +27,7 @@ from tokenq.api.openai.tools import compact as compact_plan
 from tokenq.api.openai.tools import plan as tool_plan
 from tokenq.api.openai.tools import render as render_tools
 from tokenq.api.openai.tools import validate as validate_tools
-from tokenq.shared import schema_budget, schema_keywords, webhook_policy
+from tokenq.shared import schema_budget, schema_keywords, schema_meta, webhook_policy
 from tokenq.shared.jobs import dumps
 from tokenq.shared.json_grammar import schema_gbnf
 from tokenq.shared.schema_budget import GrammarBudget, SchemaOverBudget, nesting
@@ -107,7 +107,7 @@ def json_schema_of(fmt: ResponseFormat | None,
                              f"{MAX_SCHEMA_DEPTH} deep", param="response_format",
                              code="schema_too_complex")
     try:
-        Draft202012Validator.check_schema(schema)
+        schema_meta.check(schema)  # the walk, off the loop for a heavy request
     except SchemaError as exc:
         raise InvalidRequest(f"response_format.json_schema.schema is not a valid JSON schema: "
                              f"{exc.message}", param="response_format") from exc
@@ -155,7 +155,10 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
     if req.priority == "high" and not state.may_use_high(tenant):
         raise Forbidden("priority 'high' needs an API key with the `high` role; use "
                         "'normal' or ask the operator", param="priority")
-    validate_tools(req)
+    fmt = req.response_format
+    heavy = schema_meta.heavy(fmt.json_schema if fmt is not None else None,
+                              *(t.function.parameters for t in req.tools or []))
+    await _maybe_off_loop(state, tenant, heavy, validate_tools, req)
     base, adapter = req.model, None
     cfg = state.models.get(req.model)
     if cfg is None:
@@ -171,8 +174,9 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
         raise InvalidRequest(
             f"model {req.model!r} is an embedding model: use /v1/embeddings" if cfg.embedding
             else f"model {req.model!r} does not make embeddings", param="model")
-    params = resolve_params(req, cfg, s.api.max_tokens_limit, s.api.max_stop_sequences,
-                            schema_budget.budget_of(s))
+    params = await _maybe_off_loop(state, tenant, heavy, resolve_params, req, cfg,
+                                   s.api.max_tokens_limit, s.api.max_stop_sequences,
+                                   schema_budget.budget_of(s))
     pin = placement.check_pin(base, cfg, req.backend)
     backend = select_backend(cfg)
     context = cfg.context_length(backend)
@@ -187,7 +191,8 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
     plan = tool_plan(req, cfg, await template_of(state, base, cfg)) if messages else None
     if plan is not None and messages is not None:
         messages, tools = render_tools(plan, messages)
-        params.json_schema = checked_constraint(plan, schema_budget.budget_of(s)) \
+        params.json_schema = await _maybe_off_loop(
+            state, tenant, heavy, checked_constraint, plan, schema_budget.budget_of(s)) \
             or params.json_schema
     if params.json_schema is not None and backend == "llama":  # tools' constraint too
         await _check_gbnf(state, tenant, params.json_schema)
@@ -234,11 +239,21 @@ async def prepare(state: AppState, tenant: str, req: JobRequest) -> Prepared:
                     req.ttft_budget_ms)
 
 
+T = TypeVar("T")
+
+
+async def _maybe_off_loop(state: AppState, tenant: str, heavy: bool, fn: Callable[..., T],
+                          *args: Any) -> T:
+    """`fn(*args)` on the CPU pool, in the tenant's share, where the request's schemas are
+    heavy (their meta-schema walk: shared/schema_meta.py); on the loop otherwise."""
+    return await state.counter.pool.run(tenant, fn, *args) if heavy else fn(*args)
+
+
 async def _check_gbnf(state: AppState, tenant: str, schema: dict[str, Any]) -> None:
     """A llama.cpp worker turns the schema into a grammar with llama-cpp-python's converter
     (shared/json_grammar.py); what it cannot convert (a pattern without ^...$, a $ref to
     nowhere) is a 400 here, not a job failed on the worker. On the CPU pool: a schema at
-    the budgets' edge takes milliseconds to convert."""
+    the budgets' edge (900 properties) takes ~0.5 s to convert."""
     try:
         await state.counter.pool.run(tenant, schema_gbnf, schema)
     except ValueError as exc:

@@ -24,13 +24,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from tokenq.api import lora_admin
 from tokenq.api.deps import AppState
 from tokenq.api.errors import InvalidRequest
-from tokenq.shared import schema_keywords
+from tokenq.shared import schema_keywords, schema_meta
 from tokenq.shared.chat import renders_tools
 from tokenq.shared.schema_budget import GrammarBudget, SchemaOverBudget, estimate, nesting
 from tokenq.shared.schema_keywords import SchemaRefused
@@ -65,7 +64,7 @@ def check_tool_schema(schema: Any, param: str, strict: bool = False) -> dict[str
         raise InvalidRequest(f"a function's parameters schema nests deeper than "
                              f"{MAX_SCHEMA_DEPTH} levels", param=param)
     try:
-        Draft202012Validator.check_schema(schema)
+        schema_meta.check(schema)  # the walk, off the loop for a heavy request
     except SchemaError as exc:
         raise InvalidRequest(f"a function's parameters are not a valid JSON schema: "
                              f"{exc.message}", param=param) from exc
