@@ -69,16 +69,27 @@ def ended_unrun(status: str, *, started: bool) -> dict[str, str]:
             + ("" if started else " before it ran")}
 
 
-def output_line(endpoint: str, rec: JobRecord, custom_id: str, plan: Plan | None = None,
-                encoding: str = "float") -> dict[str, Any]:
+def line_text(endpoint: str, rec: JobRecord, custom_id: str, plan: Plan | None = None,
+              encoding: str = "float") -> str:
+    """`output_line` as JSON text; a succeeded embeddings line's body is encoded a vector
+    at a time (embeddings.body_json), not in one call that holds the GIL."""
+    if endpoint != EmbeddingsEndpoint or rec.status != "succeeded":
+        return dumps(output_line(endpoint, rec, custom_id, plan))
+    head = dumps({"id": "batch_req_" + rec.id.removeprefix("job_"), "custom_id": custom_id,
+                  "response": {"status_code": 200, "request_id": rec.id}})
+    body = embeddings.body_json(rec, rec.adapter or rec.model, encoding)
+    return f'{head[:-2]},"body":{body}}},"error":null}}'
+
+
+def output_line(endpoint: str, rec: JobRecord, custom_id: str, plan: Plan | None = None
+                ) -> dict[str, Any]:
     """One line of an output or error file, in OpenAI's batch output format (`plan`: the
-    line's tool handling, which its record keeps; `encoding`: an embeddings line's)."""
+    line's tool handling, which its record keeps); an embeddings line's: `line_text`."""
     line: dict[str, Any] = {"id": "batch_req_" + rec.id.removeprefix("job_"),
                             "custom_id": custom_id, "response": None, "error": None}
     if rec.status == "succeeded":
-        line["response"] = {"status_code": 200, "request_id": rec.id, "body": (
-            embeddings.response_body(rec, rec.adapter or rec.model, encoding)
-            if endpoint == EmbeddingsEndpoint else final_response(endpoint, rec, None, plan))}
+        line["response"] = {"status_code": 200, "request_id": rec.id,
+                            "body": final_response(endpoint, rec, None, plan)}
     elif rec.status in ("cancelled", "expired"):
         line["error"] = ended_unrun(rec.status, started=rec.started_at is not None)
     else:
@@ -156,10 +167,9 @@ def _lines(h: dict[str, str], ids: list[str], recs: list[dict[str, str] | None])
             lines.append(dumps(unrun_line(h["id"], job_id)) + "\n")
         elif rec_h := next(found):
             rec = JobRecord.from_hash({"request": "{}", **rec_h})
-            line = output_line(h["endpoint"], rec, rec_h.get("custom_id", ""),
-                               from_compact(rec_h.get("tool_plan")),
-                               rec_h.get("encoding", "float"))
-            lines.append(dumps(line) + "\n")
+            lines.append(line_text(h["endpoint"], rec, rec_h.get("custom_id", ""),
+                                   from_compact(rec_h.get("tool_plan")),
+                                   rec_h.get("encoding", "float")) + "\n")
     return "".join(lines).encode()
 
 

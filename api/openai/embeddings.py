@@ -15,13 +15,14 @@ from typing import Any, Literal
 
 import numpy as np
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from tokenq.api import service
 from tokenq.api.deps import AppState
 from tokenq.api.errors import InvalidRequest
 from tokenq.api.openai import serving
+from tokenq.shared.jobs import dumps
 from tokenq.shared.request_model import RequestModel
 from tokenq.shared.schemas import (
     MAX_EMBED_INPUTS,
@@ -65,8 +66,14 @@ class EmbeddingRequest(RequestModel):
         return [self.input] if isinstance(self.input, str) else list(self.input)
 
 
+# A result over this many bytes (base64 vectors: ~30 of 384 dimensions) is rendered on the
+# CPU pool, in the tenant's share: 2,048 vectors as floats are 16 MB of JSON, which on the
+# event loop stood every stream of the replica still ~1 s a response.
+INLINE_OUTPUT_BYTES = 64 * 1024
+
+
 async def create(state: AppState, tenant: str, body: EmbeddingRequest,
-                 request: Request) -> JSONResponse:
+                 request: Request) -> Response:
     if body.dimensions is not None:
         await check_dimensions(state, body.model, body.dimensions)
     job = JobRequest(model=body.model, input=body.texts(), priority=body.priority or "normal")
@@ -74,22 +81,26 @@ async def create(state: AppState, tenant: str, body: EmbeddingRequest,
                                     extra={"endpoint": "/v1/embeddings"})
     ((rec, _),) = await serving.await_all(state, tenant, [accepted.id], request, False)
     rec = serving.raise_for_state(rec)
-    return JSONResponse(response_body(rec, body.model, body.encoding_format),
-                        headers={"X-Tokenq-Job-Id": rec.id})
+    args = (rec, body.model, body.encoding_format)
+    text = body_json(*args) if len(rec.output or "") <= INLINE_OUTPUT_BYTES else \
+        await state.counter.pool.run(tenant, body_json, *args)
+    return Response(text, media_type="application/json", headers={"X-Tokenq-Job-Id": rec.id})
 
 
-def response_body(rec: JobRecord, model: str, encoding: str) -> dict[str, Any]:
-    """A succeeded job's response (a batch output line's body too): its vectors as floats,
-    or as the base64 the record keeps."""
+def body_json(rec: JobRecord, model: str, encoding: str) -> str:
+    """A succeeded job's response as JSON text (a batch output line's body too): its
+    vectors as floats, or as the base64 the record keeps. Encoded a vector at a time: one
+    json.dumps of 16 MB holds the GIL whole, and the loop with it, even from a thread."""
     vectors = json.loads(rec.output or "[]")
-    data = [{"object": "embedding", "index": i,
-             "embedding": v if encoding == "base64"
-             else np.frombuffer(base64.b64decode(v), dtype=np.float32).tolist()}
-            for i, v in enumerate(vectors)]
     n = rec.usage.prompt_tokens if rec.usage else 0
-    return {"id": "embd-" + rec.id.removeprefix("job_"), "object": "list",
-            "created": int(rec.created_at), "model": model, "data": data,
-            "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0}}
+    head = dumps({"id": "embd-" + rec.id.removeprefix("job_"), "object": "list",
+                  "created": int(rec.created_at), "model": model,
+                  "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0}})
+    data = ",".join(dumps({"object": "embedding", "index": i, "embedding": v
+                           if encoding == "base64" else
+                           np.frombuffer(base64.b64decode(v), dtype=np.float32).tolist()})
+                    for i, v in enumerate(vectors))
+    return f'{head[:-1]},"data":[{data}]}}'
 
 
 async def check_dimensions(state: AppState, model: str, dimensions: int | None) -> None:
