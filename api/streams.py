@@ -84,6 +84,14 @@ class BadCursor(Exception):
     """Redis refused a stream cursor: the subscribers of that stream alone are ended."""
 
 
+# The hub's client holds this many connections; catch-up reads (XRANGE, a subscriber that
+# joins a stream others watch, a replay from Last-Event-ID) take at most RANGE_READS of them
+# at once and wait their turn beyond: 96 replays of one long job at once ran the pool out
+# (MaxConnectionsError), and dozens of streams ended cut mid-body.
+HUB_CONNECTIONS = 16
+RANGE_READS = 8
+
+
 def hub_client(settings: Settings, block_ms: int) -> aioredis.Redis:
     """The hub's own client. With stream announcements (stream_notify, the default) its
     XREADs never BLOCK, so it has every client's socket timeout (redis_socket_timeout_s):
@@ -95,7 +103,8 @@ def hub_client(settings: Settings, block_ms: int) -> aioredis.Redis:
     timeout = settings.redis_socket_timeout_s if settings.api.stream_notify \
         else block_ms / 1000 + HUB_TIMEOUT_MARGIN_S
     return async_client(
-        settings, decode_responses=True, max_connections=16, health_check_interval=30,
+        settings, decode_responses=True, max_connections=HUB_CONNECTIONS,
+        health_check_interval=30,
         socket_timeout=timeout, socket_connect_timeout=settings.redis_connect_timeout_s,
         retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
         retry_on_error=[RedisConnectionError])
@@ -153,6 +162,7 @@ class StreamHub:
         # Awaited before a terminal entry reaches a subscriber (durable.settle_terminal).
         self.before_terminal: Callable[[str], Awaitable[None]] | None = None
         self.carried = 0  # entries delivered straight from their announcement (no read)
+        self._range_reads = asyncio.Semaphore(RANGE_READS)
 
     @property
     def watched(self) -> int:
@@ -364,7 +374,9 @@ class StreamHub:
     async def _range(self, key: str, after: str, upto: str) -> AsyncIterator[Entry]:
         start = "(" + after
         while True:
-            batch: Any = await self._redis.xrange(key, min=start, max=upto, count=self._count)
+            async with self._range_reads:
+                batch: Any = await self._redis.xrange(key, min=start, max=upto,
+                                                      count=self._count)
             for entry in batch:
                 yield entry
             if len(batch) < self._count:

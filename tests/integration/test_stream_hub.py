@@ -106,3 +106,52 @@ async def _gap_scenario(port: int, notify: bool) -> None:
     finally:
         await hub.stop()
         await r.aclose()
+
+
+def test_many_replays_of_one_stream_share_the_hubs_connections(
+        redis_server: EmbeddedRedis) -> None:
+    """96 subscribers replaying one long finished stream from its start, on a client of 16
+    connections: each reads every entry. Before, their catch-up reads ran the client's pool
+    out (MaxConnectionsError) and dozens of streams ended cut."""
+    asyncio.run(_replays(redis_server.port))
+
+
+async def _replays(port: int) -> None:
+    r = aioredis.Redis(port=port, db=14, decode_responses=True, max_connections=16)
+    await r.flushdb()
+    hub = StreamHub(r, block_ms=200, count=50, notify=True, full_read_ms=60_000)
+    await hub.start()
+    try:
+        n = 2000
+        async with r.pipeline(transaction=False) as pipe:
+            for i in range(n):
+                pipe.xadd("long", {"e": "token", "n": str(i)})
+            pipe.xadd("long", {"e": "done", "n": str(n)})
+            await pipe.execute()
+        last_id = (await r.xrevrange("long", count=1))[0][0]
+        expected = [str(i) for i in range(n + 1)]
+        gate = asyncio.Event()
+
+        async def held() -> list[str]:  # watches the stream, and holds it watched
+            out: list[str] = []
+            async for _, f in hub.subscribe("long", None):
+                out.append(f["n"])
+                if len(out) == 1:
+                    await gate.wait()
+            return out
+
+        first = asyncio.create_task(held())
+        deadline = time.monotonic() + WAIT_S
+        while hub._cursor.get("long") != last_id:  # the hub has read it all
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        # the others join a stream the hub has read: they catch up with XRANGE
+        others = [asyncio.create_task(collect(hub, "long", None)) for _ in range(95)]
+        results = await asyncio.wait_for(asyncio.gather(*others), WAIT_S)
+        assert all(got == expected for got in results), [len(g) for g in results]
+        gate.set()
+        assert await asyncio.wait_for(first, WAIT_S) == expected
+    finally:
+        await hub.stop()
+        await r.flushdb()
+        await r.aclose()
