@@ -6,10 +6,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from starlette.background import BackgroundTask
 
 from tokenq.api import idempotency, joblist, queued_updates, service, sse
+from tokenq.api.body import parsed
 from tokenq.api.deps import AppState, StateDep, TenantDep
 from tokenq.api.errors import InvalidRequest, RateLimited
 from tokenq.api.stream_ids import is_valid_id
@@ -21,7 +22,8 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
 @router.post("", status_code=202, response_model=JobAccepted)
-async def create_job(body: JobRequest, state: StateDep, tenant: TenantDep, response: Response,
+async def create_job(body: Annotated[JobRequest, Depends(parsed(JobRequest))],
+                     state: StateDep, tenant: TenantDep, response: Response,
                      idempotency_key: Annotated[str | None, Header()] = None) -> JobAccepted:
     idem = idempotency.of(tenant, "job", idempotency_key, body.model_dump(exclude_none=True))
     accepted, replayed = await service.submit_once(state, tenant, body, idem)

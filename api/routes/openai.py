@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from tokenq.api import lora_admin, models_admin
+from tokenq.api.body import parsed
 from tokenq.api.deps import PrincipalDep, StateDep, TenantDep
 from tokenq.api.errors import ModelNotFound
 from tokenq.api.openai import embeddings as embeddings_logic
@@ -67,18 +68,19 @@ def _model(name: str, parent: str | None, max_model_len: int, root: str | None =
 
 
 @router.post("/chat/completions", response_model=None)
-async def chat_completions(body: ChatCompletionRequest, request: Request, state: StateDep,
+async def chat_completions(body: Annotated[ChatCompletionRequest, Depends(parsed(
+        ChatCompletionRequest))], request: Request, state: StateDep,
                            tenant: TenantDep) -> Response:
     return await serving.create(state, tenant, ChatEndpoint, body, request)
 
 
 @router.post("/embeddings", response_model=None)
-async def embeddings(body: EmbeddingRequest, request: Request, state: StateDep,
-                     tenant: TenantDep) -> Response:
+async def embeddings(body: Annotated[EmbeddingRequest, Depends(parsed(EmbeddingRequest))],
+                     request: Request, state: StateDep, tenant: TenantDep) -> Response:
     return await embeddings_logic.create(state, tenant, body, request)
 
 
 @router.post("/completions", response_model=None)
-async def completions(body: CompletionRequest, request: Request, state: StateDep,
-                      tenant: TenantDep) -> Response:
+async def completions(body: Annotated[CompletionRequest, Depends(parsed(CompletionRequest))],
+                      request: Request, state: StateDep, tenant: TenantDep) -> Response:
     return await serving.create(state, tenant, CompletionEndpoint, body, request)

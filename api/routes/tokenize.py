@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
 
+from fastapi import APIRouter, Depends, Response
+
+from tokenq.api.body import parsed
 from tokenq.api.deps import StateDep, TenantDep
 from tokenq.api.openai import tokenize as logic
 from tokenq.api.openai.tokenize import DetokenizeRequest, TokenizeRequest
@@ -13,11 +16,13 @@ router = APIRouter(tags=["openai"])
 
 # The logic answers JSON bytes, encoded off the event loop (a long prompt's token list).
 @router.post("/tokenize", response_class=Response)
-async def tokenize(body: TokenizeRequest, state: StateDep, tenant: TenantDep) -> Response:
+async def tokenize(body: Annotated[TokenizeRequest, Depends(parsed(TokenizeRequest))],
+                   state: StateDep, tenant: TenantDep) -> Response:
     return Response(await logic.tokenize(state, tenant, body), media_type="application/json")
 
 
 @router.post("/detokenize", response_class=Response)
-async def detokenize(body: DetokenizeRequest, state: StateDep, tenant: TenantDep) -> Response:
+async def detokenize(body: Annotated[DetokenizeRequest, Depends(parsed(DetokenizeRequest))],
+                     state: StateDep, tenant: TenantDep) -> Response:
     return Response(await logic.detokenize(state, tenant, body),
                     media_type="application/json")
