@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from tokenq.shared.schema_keywords import DATA_KEYWORDS, has_bounds, int_bounds
@@ -47,7 +49,31 @@ CLASSES = {"d": "0-9", "w": "0-9A-Za-z_", "s": " \\t\\n\\r"}
 MAX_DIGITS = 16  # the converter's integers have at most 16 digits
 
 
+# Grammars converted, by their schema's canonical text: the converter is Python, ~0.5 s
+# for a schema at the budgets' edge (900 properties), paid by the API's check, the worker's
+# check and the engine thread's compile of every job; a batch's lines share one schema.
+REMEMBERED = 256
+_converted: OrderedDict[str, str] = OrderedDict()
+_lock = threading.Lock()
+
+
 def schema_gbnf(schema: dict[str, Any]) -> str:
+    """The GBNF of `schema` (root rule `root`); ValueError for what cannot be converted.
+    Remembered: the same schema is converted once."""
+    key = json.dumps(schema, sort_keys=True, separators=(",", ":"), default=str)
+    with _lock:
+        if (gbnf := _converted.get(key)) is not None:
+            _converted.move_to_end(key)
+            return gbnf
+    gbnf = _convert(schema)
+    with _lock:
+        _converted[key] = gbnf
+        while len(_converted) > REMEMBERED:
+            _converted.popitem(last=False)
+    return gbnf
+
+
+def _convert(schema: dict[str, Any]) -> str:
     """The GBNF of `schema` (root rule `root`); ValueError for what cannot be converted.
     llama_cpp is imported here, not at start-up: the worker sets libgomp's settings before
     llama.cpp's library loads (workers/main.py)."""

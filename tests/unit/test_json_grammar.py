@@ -7,12 +7,14 @@ import json
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tokenq.cli.transcripts import SUMMARY_SCHEMA
+from tokenq.shared import json_grammar
 from tokenq.shared.json_grammar import CHAR_RULE, int_range, pattern_classes, schema_gbnf
 
 
@@ -163,3 +165,26 @@ def test_llama_cpp_keeps_an_integer_within_its_bounds(text: str, taken: bool) ->
         assert got.returncode == 0 and "slowest token" in got.stdout, got.stdout[-500:]
     else:
         assert got.returncode == 3 and "refuses" in got.stdout, got.stdout[-500:]
+
+
+def test_a_schema_is_converted_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The converter is Python (~0.5 s at the budgets' edge): the API's check, the worker's
+    check and the engine thread's compile of every job of a batch took it each time."""
+    import llama_cpp.llama_grammar as converter
+
+    calls: list[str] = []
+    real = converter.json_schema_to_gbnf
+
+    def counting(schema: str, *args: Any, **kwargs: Any) -> str:
+        calls.append(schema)
+        return real(schema, *args, **kwargs)
+
+    monkeypatch.setattr(converter, "json_schema_to_gbnf", counting)
+    tag = uuid.uuid4().hex  # a schema no other test converted
+    schema = {"type": "object", "properties": {tag: {"type": "integer", "minimum": 1,
+                                                     "maximum": 5}}, "required": [tag]}
+    first = json_grammar.schema_gbnf(schema)
+    again = json_grammar.schema_gbnf(json.loads(json.dumps(schema)))  # an equal copy
+    assert first == again and len(calls) == 1
+    other = json_grammar.schema_gbnf({**schema, "required": []})
+    assert len(calls) == 2 and other != first
