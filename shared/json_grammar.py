@@ -34,11 +34,10 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
-from collections import OrderedDict
 from typing import Any
 
 from tokenq.shared.schema_keywords import DATA_KEYWORDS, has_bounds, int_bounds
+from tokenq.shared.schema_meta import Remembered, canonical
 
 CHAR_RULE = r'char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\/bfnrt] | "u" [0-9a-fA-F]{4})'
 RULES = {"char": CHAR_RULE}
@@ -52,24 +51,16 @@ MAX_DIGITS = 16  # the converter's integers have at most 16 digits
 # Grammars converted, by their schema's canonical text: the converter is Python, ~0.5 s
 # for a schema at the budgets' edge (900 properties), paid by the API's check, the worker's
 # check and the engine thread's compile of every job; a batch's lines share one schema.
-REMEMBERED = 256
-_converted: OrderedDict[str, str] = OrderedDict()
-_lock = threading.Lock()
+_converted: Remembered[str] = Remembered(256)
 
 
 def schema_gbnf(schema: dict[str, Any]) -> str:
     """The GBNF of `schema` (root rule `root`); ValueError for what cannot be converted.
     Remembered: the same schema is converted once."""
-    key = json.dumps(schema, sort_keys=True, separators=(",", ":"), default=str)
-    with _lock:
-        if (gbnf := _converted.get(key)) is not None:
-            _converted.move_to_end(key)
-            return gbnf
-    gbnf = _convert(schema)
-    with _lock:
-        _converted[key] = gbnf
-        while len(_converted) > REMEMBERED:
-            _converted.popitem(last=False)
+    key = canonical(schema)
+    if (gbnf := _converted.get(key)) is None:
+        gbnf = _convert(schema)
+        _converted.put(key, gbnf)
     return gbnf
 
 

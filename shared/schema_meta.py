@@ -15,7 +15,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from jsonschema import Draft202012Validator
 
@@ -24,23 +24,47 @@ from jsonschema import Draft202012Validator
 INLINE_NODES = 64
 REMEMBERED = 1024  # digests of schemas that passed
 
-_passed: OrderedDict[str, None] = OrderedDict()
-_lock = threading.Lock()
+V = TypeVar("V")
+
+
+def canonical(schema: Any) -> str:
+    """A schema's text with its keys sorted: equal schemas, equal texts."""
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"), default=str)
+
+
+class Remembered(Generic[V]):
+    """The last `size` values by key, least recently used out first; safe across threads
+    (the API's CPU pool, a worker's threads)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._values: OrderedDict[str, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> V | None:
+        with self._lock:
+            value = self._values.get(key)
+            if value is not None:
+                self._values.move_to_end(key)
+            return value
+
+    def put(self, key: str, value: V) -> None:
+        with self._lock:
+            self._values[key] = value
+            while len(self._values) > self.size:
+                self._values.popitem(last=False)
+
+
+_passed: Remembered[bool] = Remembered(REMEMBERED)
 
 
 def check(schema: dict[str, Any]) -> None:
     """Raises jsonschema's SchemaError where `schema` is not a valid 2020-12 schema."""
-    digest = hashlib.sha256(json.dumps(schema, sort_keys=True, separators=(",", ":"),
-                                       default=str).encode()).hexdigest()
-    with _lock:
-        if digest in _passed:
-            _passed.move_to_end(digest)
-            return
+    digest = hashlib.sha256(canonical(schema).encode()).hexdigest()
+    if _passed.get(digest):
+        return
     Draft202012Validator.check_schema(schema)
-    with _lock:
-        _passed[digest] = None
-        while len(_passed) > REMEMBERED:
-            _passed.popitem(last=False)
+    _passed.put(digest, True)
 
 
 def heavy(*schemas: Any, limit: int = INLINE_NODES) -> bool:

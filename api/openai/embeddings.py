@@ -3,7 +3,7 @@
 The job's result is one base64 float32 vector per input (L2-normalised by the worker);
 `encoding_format: float` decodes them here. Unknown fields are ignored with a warning
 in the log, as on chat/completions. Batch API lines take the same body
-(api/openai/batch_lines.py); their output lines' bodies are `response_body`'s.
+(api/openai/batch_lines.py); their output lines' bodies are `body_json`'s.
 """
 
 from __future__ import annotations
